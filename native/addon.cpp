@@ -1,0 +1,285 @@
+// The addon's JavaScript surface (typed in src/runtime/native.ts): a Model
+// class whose step() runs one batched forward pass on a worker thread.
+#include <napi.h>
+#include <omp.h>
+#include <atomic>
+#include <memory>
+#include <stdexcept>
+#include "model.h"
+
+namespace weft {
+namespace {
+
+std::vector<int32_t> int32s(const Napi::Object& o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    throw std::invalid_argument(std::string("step input '") + key + "' must be an Int32Array");
+  auto a = v.As<Napi::Int32Array>();
+  return std::vector<int32_t>(a.Data(), a.Data() + a.ElementLength());
+}
+
+template <typename T, napi_typedarray_type Kind>
+std::vector<T> typed(const Napi::Object& o, const char* key, size_t n, const char* kind) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != Kind)
+    throw std::invalid_argument(std::string("step input '") + key + "' must be a " + kind);
+  auto a = v.As<Napi::TypedArrayOf<T>>();
+  if (a.ElementLength() != n) throw std::invalid_argument(std::string("step input '") + key + "' has the wrong length");
+  return std::vector<T>(a.Data(), a.Data() + n);
+}
+
+int intField(const Napi::Object& o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (!v.IsNumber()) throw std::invalid_argument(std::string("'") + key + "' must be a number");
+  return v.As<Napi::Number>().Int32Value();
+}
+
+DType parseDType(const std::string& s) {
+  if (s == "f32") return DType::F32;
+  if (s == "f16") return DType::F16;
+  if (s == "bf16") return DType::BF16;
+  throw std::invalid_argument("unsupported dtype " + s);
+}
+
+Tensor parseTensor(const Napi::Object& spec, const char* key, MappedFiles& files, bool optional = false) {
+  Napi::Value v = spec.Get(key);
+  if (v.IsUndefined() || v.IsNull()) {
+    if (optional) return Tensor{};
+    throw std::invalid_argument(std::string("missing tensor ") + key);
+  }
+  Napi::Object t = v.As<Napi::Object>();
+  std::string file = t.Get("file").As<Napi::String>();
+  double offset = t.Get("offset").As<Napi::Number>().DoubleValue();
+  double length = t.Get("byteLength").As<Napi::Number>().DoubleValue();
+  Napi::Array shape = t.Get("shape").As<Napi::Array>();
+  Tensor out;
+  out.dtype = parseDType(t.Get("dtype").As<Napi::String>());
+  out.rows = shape.Length() == 2 ? shape.Get(0u).As<Napi::Number>().Int32Value() : 1;
+  out.cols = shape.Get(shape.Length() - 1).As<Napi::Number>().Int32Value();
+  size_t elem = out.dtype == DType::F32 ? 4 : 2;
+  size_t size = 0;
+  const unsigned char* base = files.map(file, &size);
+  if (static_cast<double>(out.rows) * out.cols * elem != length || offset + length > static_cast<double>(size))
+    throw std::invalid_argument(std::string("tensor ") + key + " does not fit its file " + file);
+  out.data = base + static_cast<size_t>(offset);
+  return out;
+}
+
+Weights parseWeights(const Napi::Object& w) {
+  Weights out;
+  out.files = std::make_shared<MappedFiles>();
+  MappedFiles& f = *out.files;
+  out.embed = parseTensor(w, "embed", f);
+  out.finalNorm = parseTensor(w, "finalNorm", f);
+  out.lmHead = parseTensor(w, "lmHead", f);
+  Napi::Array layers = w.Get("layers").As<Napi::Array>();
+  for (uint32_t i = 0; i < layers.Length(); i++) {
+    Napi::Object l = layers.Get(i).As<Napi::Object>();
+    LayerWeights L;
+    L.attnNorm = parseTensor(l, "attnNorm", f);
+    L.wq = parseTensor(l, "wq", f);
+    L.wk = parseTensor(l, "wk", f);
+    L.wv = parseTensor(l, "wv", f);
+    L.wo = parseTensor(l, "wo", f);
+    L.bq = parseTensor(l, "bq", f, true);
+    L.bk = parseTensor(l, "bk", f, true);
+    L.bv = parseTensor(l, "bv", f, true);
+    L.qNorm = parseTensor(l, "qNorm", f, true);
+    L.kNorm = parseTensor(l, "kNorm", f, true);
+    L.mlpNorm = parseTensor(l, "mlpNorm", f);
+    L.gate = parseTensor(l, "gate", f);
+    L.up = parseTensor(l, "up", f);
+    L.down = parseTensor(l, "down", f);
+    out.layers.push_back(L);
+  }
+  return out;
+}
+
+ModelConfig parseConfig(const Napi::Object& o) {
+  ModelConfig c;
+  c.hidden = intField(o, "hidden");
+  c.intermediate = intField(o, "intermediate");
+  c.layers = intField(o, "layers");
+  c.heads = intField(o, "heads");
+  c.kvHeads = intField(o, "kvHeads");
+  c.headDim = intField(o, "headDim");
+  c.vocab = intField(o, "vocab");
+  c.numBlocks = intField(o, "numBlocks");
+  c.blockSize = intField(o, "blockSize");
+  c.rmsEps = o.Get("rmsEps").As<Napi::Number>().FloatValue();
+  c.attentionScaling = o.Get("attentionScaling").As<Napi::Number>().FloatValue();
+  c.invFreq = typed<float, napi_float32_array>(o, "invFreq", c.headDim / 2, "Float32Array");
+  if (c.hidden <= 0 || c.layers <= 0 || c.heads <= 0 || c.kvHeads <= 0 || c.heads % c.kvHeads != 0 ||
+      c.headDim <= 0 || c.headDim % 2 != 0 || c.vocab <= 0 || c.numBlocks <= 0 || c.blockSize <= 0)
+    throw std::invalid_argument("invalid model dimensions");
+  return c;
+}
+
+StepInput parseStep(const Napi::Object& o) {
+  StepInput in;
+  in.tokens = int32s(o, "tokens");
+  in.positions = int32s(o, "positions");
+  in.seqStarts = int32s(o, "seqStarts");
+  in.slotMapping = int32s(o, "slotMapping");
+  in.blockTables = int32s(o, "blockTables");
+  in.contextLens = int32s(o, "contextLens");
+  in.maxBlocks = intField(o, "maxBlocks");
+  in.sampleRows = int32s(o, "sampleRows");
+  const size_t S = in.sampleRows.size();
+  auto temperature = typed<float, napi_float32_array>(o, "temperature", S, "Float32Array");
+  auto topP = typed<float, napi_float32_array>(o, "topP", S, "Float32Array");
+  auto minP = typed<float, napi_float32_array>(o, "minP", S, "Float32Array");
+  auto rep = typed<float, napi_float32_array>(o, "repetitionPenalty", S, "Float32Array");
+  auto pres = typed<float, napi_float32_array>(o, "presencePenalty", S, "Float32Array");
+  auto freq = typed<float, napi_float32_array>(o, "frequencyPenalty", S, "Float32Array");
+  auto topK = typed<int32_t, napi_int32_array>(o, "topK", S, "Int32Array");
+  auto nLp = typed<int32_t, napi_int32_array>(o, "numLogprobs", S, "Int32Array");
+  auto counters = typed<int32_t, napi_int32_array>(o, "counters", S, "Int32Array");
+  auto seeds = typed<double, napi_float64_array>(o, "seeds", S, "Float64Array");
+  for (size_t i = 0; i < S; i++) {
+    SamplingParams p;
+    p.temperature = temperature[i];
+    p.topP = topP[i];
+    p.minP = minP[i];
+    p.repetitionPenalty = rep[i];
+    p.presencePenalty = pres[i];
+    p.frequencyPenalty = freq[i];
+    p.topK = topK[i];
+    p.numLogprobs = nLp[i] < 0 ? 0 : nLp[i];
+    p.counter = static_cast<uint32_t>(counters[i]);
+    p.seed = static_cast<uint64_t>(seeds[i]);
+    if (!(p.temperature >= 0) || !(p.topP > 0 && p.topP <= 1) || !(p.minP >= 0 && p.minP <= 1) ||
+        !(p.repetitionPenalty > 0) || p.topK < 0 || p.numLogprobs > 1000 || !(seeds[i] >= 0))
+      throw std::invalid_argument("invalid sampling parameters in row " + std::to_string(i));
+    in.params.push_back(p);
+  }
+  in.promptOffsets = int32s(o, "promptOffsets");
+  in.promptTokens = int32s(o, "promptTokens");
+  in.outputOffsets = int32s(o, "outputOffsets");
+  in.outputTokens = int32s(o, "outputTokens");
+  in.returnLogits = o.Get("returnLogits").ToBoolean();
+  in.injectFailure = o.Get("injectFailure").ToBoolean();
+  return in;
+}
+
+template <typename T, typename Arr>
+Arr copyOut(Napi::Env env, const std::vector<T>& v) {
+  Arr a = Arr::New(env, v.size());
+  std::copy(v.begin(), v.end(), a.Data());
+  return a;
+}
+
+class ModelWrap;
+
+class StepWorker : public Napi::AsyncWorker {
+ public:
+  StepWorker(Napi::Env env, std::shared_ptr<Model> model, std::shared_ptr<std::atomic<bool>> busy, StepInput in)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), model_(std::move(model)),
+        busy_(std::move(busy)), in_(std::move(in)) {}
+  Napi::Promise promise() { return deferred_.Promise(); }
+
+  void Execute() override {
+    try {
+      out_ = model_->step(in_);
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    } catch (...) {
+      SetError("unknown native error");
+    }
+  }
+  void OnOK() override {
+    busy_->store(false);
+    Napi::Env env = Env();
+    Napi::Object r = Napi::Object::New(env);
+    r.Set("tokens", copyOut<int32_t, Napi::Int32Array>(env, out_.tokens));
+    r.Set("logprobs", copyOut<float, Napi::Float32Array>(env, out_.logprobs));
+    r.Set("topN", out_.topN);
+    r.Set("topIds", copyOut<int32_t, Napi::Int32Array>(env, out_.topIds));
+    r.Set("topLogprobs", copyOut<float, Napi::Float32Array>(env, out_.topLogprobs));
+    if (in_.returnLogits) r.Set("logits", copyOut<float, Napi::Float32Array>(env, out_.logits));
+    deferred_.Resolve(r);
+  }
+  void OnError(const Napi::Error& e) override {
+    busy_->store(false);
+    deferred_.Reject(e.Value());
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<std::atomic<bool>> busy_;
+  StepInput in_;
+  StepOutput out_;
+};
+
+class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
+ public:
+  static Napi::Function define(Napi::Env env) {
+    return DefineClass(env, "Model", {InstanceMethod("step", &ModelWrap::step), InstanceMethod("info", &ModelWrap::info)});
+  }
+  explicit ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {
+    if (!info[0].IsObject()) throw Napi::TypeError::New(info.Env(), "Model(spec) needs a spec object");
+    Napi::Object spec = info[0].As<Napi::Object>();
+    try {
+      ModelConfig cfg = parseConfig(spec);
+      Weights w = parseWeights(spec.Get("weights").As<Napi::Object>());
+      if (static_cast<int>(w.layers.size()) != cfg.layers) throw std::invalid_argument("layer count mismatch");
+      model_ = std::make_shared<Model>(std::move(cfg), std::move(w));
+    } catch (const std::exception& e) {
+      throw Napi::Error::New(info.Env(), e.what());
+    }
+  }
+
+ private:
+  // Returns a Promise; a second call while a step runs is rejected: one step in flight per model.
+  Napi::Value step(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    auto reject = [&](const std::string& msg) {
+      auto d = Napi::Promise::Deferred::New(env);
+      d.Reject(Napi::Error::New(env, msg).Value());
+      return d.Promise();
+    };
+    if (!info[0].IsObject()) return reject("step(input) needs an input object");
+    StepInput in;
+    try {
+      in = parseStep(info[0].As<Napi::Object>());
+    } catch (const std::exception& e) {
+      return reject(e.what());
+    }
+    bool expected = false;
+    if (!busy_->compare_exchange_strong(expected, true)) return reject("a step is already running on this model");
+    auto* worker = new StepWorker(env, model_, busy_, std::move(in));
+    Napi::Promise p = worker->promise();
+    worker->Queue();
+    return p;
+  }
+  Napi::Value info(const Napi::CallbackInfo& info) {
+    Napi::Object r = Napi::Object::New(info.Env());
+    r.Set("isa", activeKernels().name);
+    r.Set("threads", omp_get_max_threads());
+    r.Set("kvCacheBytes", static_cast<double>(model_->kvCacheBytes()));
+    return r;
+  }
+
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<std::atomic<bool>> busy_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+Napi::Object init(Napi::Env env, Napi::Object exports) {
+  exports.Set("Model", ModelWrap::define(env));
+  exports.Set("isa", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    try {
+      return Napi::String::New(info.Env(), activeKernels().name);
+    } catch (const std::exception& e) {
+      throw Napi::Error::New(info.Env(), e.what());
+    }
+  }));
+  return exports;
+}
+
+}  // namespace
+}  // namespace weft
+
+static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) { return weft::init(env, exports); }
+
+NODE_API_MODULE(weft_native, InitAddon)

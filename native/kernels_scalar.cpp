@@ -1,0 +1,92 @@
+// Portable loops: the fallback for CPUs without AVX2, and the ISA selector.
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include "kernels.h"
+
+namespace weft {
+
+float f16ToF32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do { mant <<= 1; e++; } while (!(mant & 0x400));
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3FF) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000 | mant << 13;
+  } else {
+    bits = sign | (exp + 112) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+namespace {
+
+float weightAt(const void* w, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::F32: return static_cast<const float*>(w)[i];
+    case DType::F16: return f16ToF32(static_cast<const uint16_t*>(w)[i]);
+    case DType::BF16: return bf16ToF32(static_cast<const uint16_t*>(w)[i]);
+  }
+  return 0.0f;
+}
+
+void matmul(const float* x, int T, int K, const void* w, DType dtype, float* y, int N, int n0, int n1) {
+  for (int t = 0; t < T; t++)
+    for (int n = n0; n < n1; n++) {
+      float s = 0.0f;
+      for (int k = 0; k < K; k++) s += x[static_cast<size_t>(t) * K + k] * weightAt(w, dtype, static_cast<size_t>(n) * K + k);
+      y[static_cast<size_t>(t) * N + n] = s;
+    }
+}
+
+float dot(const float* a, const float* b, int n) {
+  float s = 0.0f;
+  for (int i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+void axpy(float alpha, const float* x, float* y, int n) {
+  for (int i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+const Kernels& select() {
+  __builtin_cpu_init();
+  bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl");
+  bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const char* forced = std::getenv("WEFT_ISA");
+  std::string want = forced ? forced : "";
+  if (want == "scalar") return kernelsScalar();
+  if (want == "avx2") {
+    if (!has2) throw std::runtime_error("WEFT_ISA=avx2 but this CPU lacks AVX2/FMA/F16C");
+    return kernelsAvx2();
+  }
+  if (want == "avx512" && !has512) throw std::runtime_error("WEFT_ISA=avx512 but this CPU lacks AVX-512");
+  if (!want.empty() && want != "avx512") throw std::runtime_error("WEFT_ISA must be avx512, avx2 or scalar");
+  if (has512) return kernelsAvx512();
+  if (has2) return kernelsAvx2();
+  return kernelsScalar();
+}
+
+}  // namespace
+
+const Kernels& kernelsScalar() {
+  static const Kernels k{"scalar", matmul, dot, axpy};
+  return k;
+}
+
+const Kernels& activeKernels() {
+  static const Kernels& k = select();
+  return k;
+}
+
+}  // namespace weft

@@ -1,0 +1,49 @@
+#include <omp.h>
+#include <cmath>
+#include "ops.h"
+
+namespace weft {
+
+void matmulParallel(const Kernels& k, const float* x, int T, const Tensor& w, float* y) {
+  const int N = w.rows, K = w.cols;
+  // Columns are split in 16-wide groups so every thread's share is whole tiles;
+  // each output element is reduced by one thread in a fixed order.
+#pragma omp parallel
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int groups = (N + 15) / 16;
+    int g0 = static_cast<int>(static_cast<long>(groups) * id / nt);
+    int g1 = static_cast<int>(static_cast<long>(groups) * (id + 1) / nt);
+    int n0 = g0 * 16, n1 = g1 * 16 < N ? g1 * 16 : N;
+    if (n0 < n1) k.matmul(x, T, K, w.data, w.dtype, y, N, n0, n1);
+  }
+}
+
+void rmsnorm(const float* x, const Tensor& weight, float* out, int T, int n, float eps) {
+#pragma omp parallel for if (T > 8)
+  for (int t = 0; t < T; t++) {
+    const float* xr = x + static_cast<size_t>(t) * n;
+    float* o = out + static_cast<size_t>(t) * n;
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += xr[i] * xr[i];
+    float inv = 1.0f / std::sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) o[i] = weight.at(i) * (xr[i] * inv);
+  }
+}
+
+void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin) {
+  int half = hd / 2;
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < heads; h++) {
+      float* v = x + (static_cast<size_t>(t) * heads + h) * hd;
+      const float* c = cos + static_cast<size_t>(t) * half;
+      const float* s = sin + static_cast<size_t>(t) * half;
+      for (int i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+}
+
+}  // namespace weft

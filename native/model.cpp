@@ -1,0 +1,175 @@
+#include "model.h"
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include "ops.h"
+
+namespace weft {
+namespace {
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("invalid step input: " + what);
+}
+
+void grow(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+Model::Model(ModelConfig config, Weights weights)
+    : cfg_(std::move(config)), w_(std::move(weights)), k_(activeKernels()) {
+  size_t perLayer = static_cast<size_t>(cfg_.numBlocks) * cfg_.blockSize * cfg_.kvHeads * cfg_.headDim;
+  kCache_.assign(perLayer * cfg_.layers, 0.0f);
+  vCache_.assign(perLayer * cfg_.layers, 0.0f);
+}
+
+void Model::validate(const StepInput& in) const {
+  const size_t T = in.tokens.size();
+  require(T > 0, "empty batch");
+  require(in.positions.size() == T && in.slotMapping.size() == T, "positions/slotMapping length != tokens");
+  require(in.seqStarts.size() >= 2 && in.seqStarts.front() == 0 &&
+              static_cast<size_t>(in.seqStarts.back()) == T, "seqStarts must run from 0 to the token count");
+  const size_t B = in.seqStarts.size() - 1;
+  require(in.contextLens.size() == B, "contextLens length != sequences");
+  require(in.maxBlocks > 0 && in.blockTables.size() == B * in.maxBlocks, "blockTables size != sequences * maxBlocks");
+  const int bs = cfg_.blockSize;
+  for (size_t s = 0; s < B; s++) {
+    require(in.seqStarts[s] < in.seqStarts[s + 1], "every sequence needs at least one token");
+    const int ctx = in.contextLens[s];
+    require(ctx > 0 && (ctx + bs - 1) / bs <= in.maxBlocks, "context length exceeds its block table");
+    const int32_t* table = &in.blockTables[s * in.maxBlocks];
+    for (int b = 0; b < (ctx + bs - 1) / bs; b++)
+      require(table[b] >= 0 && table[b] < cfg_.numBlocks, "block id out of range");
+    for (int t = in.seqStarts[s]; t < in.seqStarts[s + 1]; t++) {
+      const int pos = in.positions[t];
+      require(pos >= 0 && pos < ctx, "position outside its context");
+      require(in.tokens[t] >= 0 && in.tokens[t] < cfg_.vocab, "token id out of vocabulary");
+      require(in.slotMapping[t] == table[pos / bs] * bs + pos % bs, "slot does not match the block table");
+    }
+  }
+  const size_t S = in.sampleRows.size();
+  require(in.params.size() == S, "sampling params length != sample rows");
+  require(in.promptOffsets.size() == S + 1 && in.outputOffsets.size() == S + 1, "penalty offsets length != rows + 1");
+  for (size_t i = 0; i < S; i++) require(in.sampleRows[i] >= 0 && static_cast<size_t>(in.sampleRows[i]) < T, "sample row out of range");
+  for (auto* list : {&in.promptTokens, &in.outputTokens})
+    for (int32_t t : *list) require(t >= 0 && t < cfg_.vocab, "penalty token out of vocabulary");
+  for (auto* offs : {&in.promptOffsets, &in.outputOffsets})
+    for (size_t i = 0; i < S; i++) require((*offs)[i] >= 0 && (*offs)[i] <= (*offs)[i + 1], "penalty offsets not monotonic");
+  require(static_cast<size_t>(in.promptOffsets[S]) <= in.promptTokens.size() &&
+              static_cast<size_t>(in.outputOffsets[S]) <= in.outputTokens.size(), "penalty offsets past their tokens");
+}
+
+void Model::linear(const float* x, int T, const Tensor& w, const Tensor& bias, float* y) {
+  matmulParallel(k_, x, T, w, y);
+  if (!bias) return;
+  for (int t = 0; t < T; t++)
+    for (int n = 0; n < w.rows; n++) y[static_cast<size_t>(t) * w.rows + n] += bias.at(n);
+}
+
+void Model::layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq) {
+  const LayerWeights& L = w_.layers[l];
+  const int T = static_cast<int>(in.tokens.size()), H = cfg_.hidden, hd = cfg_.headDim;
+  const int kvDim = cfg_.kvHeads * hd;
+
+  // Attention block: norm → q/k/v → (q/k norm) → rope → cache write → paged attention → out proj.
+  rmsnorm(x_.data(), L.attnNorm, xn_.data(), T, H, cfg_.rmsEps);
+  linear(xn_.data(), T, L.wq, L.bq, q_.data());
+  linear(xn_.data(), T, L.wk, L.bk, kv_k_.data());
+  linear(xn_.data(), T, L.wv, L.bv, kv_v_.data());
+  if (L.qNorm) rmsnorm(q_.data(), L.qNorm, q_.data(), T * cfg_.heads, hd, cfg_.rmsEps);
+  if (L.kNorm) rmsnorm(kv_k_.data(), L.kNorm, kv_k_.data(), T * cfg_.kvHeads, hd, cfg_.rmsEps);
+  rope(q_.data(), T, cfg_.heads, hd, cos_.data(), sin_.data());
+  rope(kv_k_.data(), T, cfg_.kvHeads, hd, cos_.data(), sin_.data());
+
+  const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * cfg_.blockSize * kvDim;
+  float* kc = kCache_.data() + layerOffset;
+  float* vc = vCache_.data() + layerOffset;
+  for (int t = 0; t < T; t++) {
+    size_t slot = static_cast<size_t>(in.slotMapping[t]) * kvDim;
+    std::copy_n(kv_k_.data() + static_cast<size_t>(t) * kvDim, kvDim, kc + slot);
+    std::copy_n(kv_v_.data() + static_cast<size_t>(t) * kvDim, kvDim, vc + slot);
+  }
+  if (in.injectFailure) throw std::runtime_error("injected failure in layer " + std::to_string(l));
+
+  AttentionArgs a{q_.data(), attn_.data(), kc, vc, in.positions.data(), rowSeq.data(), in.blockTables.data(),
+                  T, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd))};
+  pagedAttention(k_, a);
+  linear(attn_.data(), T, L.wo, Tensor{}, tmp_.data());
+  for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
+
+  // MLP block: norm → gate/up → SiLU(gate)·up → down.
+  rmsnorm(x_.data(), L.mlpNorm, xn_.data(), T, H, cfg_.rmsEps);
+  linear(xn_.data(), T, L.gate, Tensor{}, gate_.data());
+  linear(xn_.data(), T, L.up, Tensor{}, up_.data());
+  for (size_t i = 0; i < static_cast<size_t>(T) * cfg_.intermediate; i++) {
+    float g = gate_[i];
+    gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
+  }
+  linear(gate_.data(), T, L.down, Tensor{}, tmp_.data());
+  for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
+}
+
+StepOutput Model::step(const StepInput& in) {
+  validate(in);
+  const int T = static_cast<int>(in.tokens.size()), H = cfg_.hidden, hd = cfg_.headDim, half = hd / 2;
+  const int S = static_cast<int>(in.sampleRows.size());
+  grow(x_, static_cast<size_t>(T) * H);
+  grow(xn_, static_cast<size_t>(T) * H);
+  grow(tmp_, static_cast<size_t>(T) * H);
+  grow(q_, static_cast<size_t>(T) * cfg_.heads * hd);
+  grow(attn_, static_cast<size_t>(T) * cfg_.heads * hd);
+  grow(kv_k_, static_cast<size_t>(T) * cfg_.kvHeads * hd);
+  grow(kv_v_, static_cast<size_t>(T) * cfg_.kvHeads * hd);
+  grow(gate_, static_cast<size_t>(T) * cfg_.intermediate);
+  grow(up_, static_cast<size_t>(T) * cfg_.intermediate);
+  grow(cos_, static_cast<size_t>(T) * half);
+  grow(sin_, static_cast<size_t>(T) * half);
+
+  std::vector<int32_t> rowSeq(T);
+  for (size_t s = 0; s + 1 < in.seqStarts.size(); s++)
+    for (int t = in.seqStarts[s]; t < in.seqStarts[s + 1]; t++) rowSeq[t] = static_cast<int32_t>(s);
+  for (int t = 0; t < T; t++) {
+    w_.embed.rowToF32(in.tokens[t], x_.data() + static_cast<size_t>(t) * H);
+    for (int i = 0; i < half; i++) {  // angle in fp32 as transformers computes it; cos/sin rounded once
+      float angle = static_cast<float>(in.positions[t]) * cfg_.invFreq[i];
+      cos_[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(static_cast<double>(angle))) * cfg_.attentionScaling;
+      sin_[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle))) * cfg_.attentionScaling;
+    }
+  }
+  for (int l = 0; l < cfg_.layers; l++) layer(l, in, rowSeq);
+
+  // Only the sampled rows go through the final norm and the vocabulary projection.
+  std::vector<float> rows(static_cast<size_t>(S) * H), logits(static_cast<size_t>(S) * cfg_.vocab);
+  for (int i = 0; i < S; i++)
+    std::copy_n(x_.data() + static_cast<size_t>(in.sampleRows[i]) * H, H, rows.data() + static_cast<size_t>(i) * H);
+  rmsnorm(rows.data(), w_.finalNorm, rows.data(), S, H, cfg_.rmsEps);
+  if (S > 0) matmulParallel(k_, rows.data(), S, w_.lmHead, logits.data());
+
+  StepOutput out;
+  out.tokens.resize(S);
+  out.logprobs.resize(S);
+  for (const auto& p : in.params) out.topN = std::max(out.topN, p.numLogprobs);
+  out.topIds.assign(static_cast<size_t>(S) * out.topN, -1);
+  out.topLogprobs.assign(static_cast<size_t>(S) * out.topN, 0.0f);
+#pragma omp parallel
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < S; i++) {
+      const SamplingParams& p = in.params[i];
+      Sampled s = sampleToken(logits.data() + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, p,
+                              in.promptTokens.data() + in.promptOffsets[i], in.promptOffsets[i + 1] - in.promptOffsets[i],
+                              in.outputTokens.data() + in.outputOffsets[i], in.outputOffsets[i + 1] - in.outputOffsets[i],
+                              p.numLogprobs, out.topIds.data() + static_cast<size_t>(i) * out.topN,
+                              out.topLogprobs.data() + static_cast<size_t>(i) * out.topN, scratch);
+      out.tokens[i] = s.token;
+      out.logprobs[i] = s.logprob;
+    }
+  }
+  if (in.returnLogits) out.logits = std::move(logits);
+  return out;
+}
+
+}  // namespace weft

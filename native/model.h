@@ -1,0 +1,70 @@
+// The transformer (Llama / Mistral / Qwen2 / Qwen3 family) and its paged KV cache.
+#pragma once
+#include <cstdint>
+#include <vector>
+#include "kernels.h"
+#include "sampling.h"
+#include "weights.h"
+
+namespace weft {
+
+struct ModelConfig {
+  int hidden = 0, intermediate = 0, layers = 0, heads = 0, kvHeads = 0, headDim = 0, vocab = 0;
+  float rmsEps = 1e-6f;
+  float attentionScaling = 1.0f;  // rope "attention_factor"; 1 for default and llama3
+  std::vector<float> invFreq;     // (headDim / 2) rope inverse frequencies, scaling applied
+  int numBlocks = 0, blockSize = 32;
+};
+
+// One forward step over a flat, variable-length batch (see src/runtime/native.ts).
+struct StepInput {
+  std::vector<int32_t> tokens;       // (T)
+  std::vector<int32_t> positions;    // (T)
+  std::vector<int32_t> seqStarts;    // (B+1) row offsets of each sequence
+  std::vector<int32_t> slotMapping;  // (T) block * blockSize + offset where each row's K/V goes
+  std::vector<int32_t> blockTables;  // (B * maxBlocks) physical block ids, -1 padded
+  std::vector<int32_t> contextLens;  // (B) tokens in the cache for each sequence after this step
+  int maxBlocks = 0;
+  std::vector<int32_t> sampleRows;   // (S) rows whose logits are sampled
+  std::vector<SamplingParams> params;  // (S)
+  std::vector<int32_t> promptOffsets, promptTokens;  // (S+1), flat: tokens for the repetition penalty
+  std::vector<int32_t> outputOffsets, outputTokens;  // (S+1), flat: generated tokens for all penalties
+  bool returnLogits = false;
+  bool injectFailure = false;        // test hook: fail after writing K/V, like a mid-step fault
+};
+
+struct StepOutput {
+  std::vector<int32_t> tokens;       // (S) sampled ids
+  std::vector<float> logprobs;       // (S) log-prob of each sampled id under the raw logits
+  int topN = 0;
+  std::vector<int32_t> topIds;       // (S * topN)
+  std::vector<float> topLogprobs;    // (S * topN)
+  std::vector<float> logits;         // (S * vocab) when asked
+};
+
+class Model {
+ public:
+  Model(ModelConfig config, Weights weights);
+  StepOutput step(const StepInput& in);
+  size_t kvCacheBytes() const { return kCache_.size() * sizeof(float) * 2; }
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  void validate(const StepInput& in) const;
+  void layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq);
+  void linear(const float* x, int T, const Tensor& w, const Tensor& bias, float* y);
+
+  ModelConfig cfg_;
+  Weights w_;
+  const Kernels& k_;
+  // K/V pools per layer: (layers, numBlocks, blockSize, kvHeads, headDim).
+  // Stored as fp32: a step reads each cached row once per query head group,
+  // and at the context lengths we serve on a CPU the weight reads dominate
+  // bandwidth, so bf16 K/V would save little while costing fidelity against
+  // the fp32 reference. One contiguous allocation, made once.
+  std::vector<float> kCache_, vCache_;
+  // Activations, grown to the largest step seen and reused.
+  std::vector<float> x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
+};
+
+}  // namespace weft

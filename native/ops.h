@@ -1,0 +1,33 @@
+// The forward pass's primitives, one function each.
+#pragma once
+#include <cstdint>
+#include "kernels.h"
+#include "weights.h"
+
+namespace weft {
+
+// y[T, w.rows] = x[T, w.cols] · wᵀ, split across threads by output columns.
+void matmulParallel(const Kernels& k, const float* x, int T, const Tensor& w, float* y);
+
+// out[T, n] = x * rsqrt(mean(x²) + eps) * weight, row by row (in place allowed).
+void rmsnorm(const float* x, const Tensor& weight, float* out, int T, int n, float eps);
+
+// Rotates pairs (i, i + hd/2) of every head of `x` (T, heads, hd) by the row's angles.
+void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin);
+
+// Causal attention of every query row over its own sequence's cached K/V,
+// read through the block table.
+struct AttentionArgs {
+  const float* q;               // (T, heads, hd)
+  float* out;                   // (T, heads, hd)
+  const float* kCache;          // (numBlocks, blockSize, kvHeads, hd) of this layer
+  const float* vCache;
+  const int32_t* positions;     // (T)
+  const int32_t* rowSeq;        // (T) sequence index of each row
+  const int32_t* blockTables;   // (B, maxBlocks)
+  int T, heads, kvHeads, hd, blockSize, maxBlocks;
+  float scale;
+};
+void pagedAttention(const Kernels& k, const AttentionArgs& a);
+
+}  // namespace weft

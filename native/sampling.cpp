@@ -1,0 +1,142 @@
+#include "sampling.h"
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace weft {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A uniform in [0, 1) that depends only on (seed, counter): the same request
+// draws the same numbers whatever else shares its batch.
+double uniform(uint64_t seed, uint32_t counter) {
+  uint64_t r = splitmix64(splitmix64(seed) ^ (static_cast<uint64_t>(counter) * 0xD1B54A32D192ED03ull));
+  return static_cast<double>(r >> 11) * 0x1.0p-53;
+}
+
+// Higher logit first, lower id on ties: one total order, so results never
+// depend on the sort implementation.
+struct ByLogit {
+  const float* v;
+  bool operator()(int a, int b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+};
+
+void applyPenalties(float* logits, const SamplingParams& p, const int32_t* prompt, int nPrompt,
+                    const int32_t* output, int nOutput, int vocab, std::vector<int>& counts) {
+  bool rep = p.repetitionPenalty != 1.0f;
+  bool freq = p.presencePenalty != 0.0f || p.frequencyPenalty != 0.0f;
+  if (!rep && !freq) return;
+  counts.assign(vocab, 0);
+  for (int i = 0; i < nOutput; i++) counts[output[i]]++;
+  if (rep) {
+    std::vector<char> seen(vocab, 0);
+    for (int i = 0; i < nPrompt; i++) seen[prompt[i]] = 1;
+    for (int i = 0; i < nOutput; i++) seen[output[i]] = 1;
+    for (int t = 0; t < vocab; t++)
+      if (seen[t]) logits[t] = logits[t] > 0 ? logits[t] / p.repetitionPenalty : logits[t] * p.repetitionPenalty;
+  }
+  if (freq)
+    for (int t = 0; t < vocab; t++)
+      if (counts[t] > 0) logits[t] -= p.frequencyPenalty * counts[t] + p.presencePenalty;
+}
+
+int argmax(const float* v, int n) {
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+int sampleFromCandidates(const float* logits, const SamplingParams& p, std::vector<int>& cand) {
+  ByLogit order{logits};
+  int n = static_cast<int>(cand.size());
+  if (p.topK > 0 && p.topK < n) {
+    std::nth_element(cand.begin(), cand.begin() + p.topK, cand.end(), order);
+    cand.resize(p.topK);
+    n = p.topK;
+  }
+  float maxLogit = logits[*std::min_element(cand.begin(), cand.end(), order)];
+  std::vector<double> prob(n);
+  double total = 0;
+  for (int i = 0; i < n; i++) total += prob[i] = std::exp((static_cast<double>(logits[cand[i]]) - maxLogit) / p.temperature);
+  if (p.minP > 0.0f) {  // unnormalised, the most likely token has weight exactly 1
+    double floor = p.minP;
+    int kept = 0;
+    for (int i = 0; i < n; i++)
+      if (prob[i] >= floor) { cand[kept] = cand[i]; prob[kept++] = prob[i]; }
+    n = kept;
+    cand.resize(n);
+    prob.resize(n);
+    total = std::accumulate(prob.begin(), prob.end(), 0.0);
+  }
+  if (p.topP < 1.0f) {
+    std::vector<int> idx(n);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::sort(idx.begin(), idx.end(), [&](int a, int b) { return order(cand[a], cand[b]); });
+    std::vector<int> c2;
+    std::vector<double> p2;
+    double cum = 0;
+    for (int i : idx) {
+      c2.push_back(cand[i]);
+      p2.push_back(prob[i]);
+      cum += prob[i];
+      if (cum >= p.topP * total) break;
+    }
+    cand.swap(c2);
+    prob.swap(p2);
+    n = static_cast<int>(cand.size());
+    total = cum;
+  }
+  double r = uniform(p.seed, p.counter) * total, acc = 0;
+  for (int i = 0; i < n; i++) {
+    acc += prob[i];
+    if (r < acc) return cand[i];
+  }
+  return cand[n - 1];
+}
+
+}  // namespace
+
+Sampled sampleToken(const float* logits, int vocab, const SamplingParams& p,
+                    const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
+                    int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch) {
+  // Log-probs are reported from the model's raw distribution, as vLLM does by default.
+  float maxLogit = logits[argmax(logits, vocab)];
+  double sum = 0;
+  for (int i = 0; i < vocab; i++) sum += std::exp(static_cast<double>(logits[i]) - maxLogit);
+  float lse = maxLogit + static_cast<float>(std::log(sum));
+
+  scratch.assign(logits, logits + vocab);
+  std::vector<int> counts;
+  applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
+
+  Sampled s;
+  if (p.temperature <= 1e-5f || p.topK == 1) {
+    s.token = argmax(scratch.data(), vocab);
+  } else {
+    std::vector<int> cand(vocab);
+    std::iota(cand.begin(), cand.end(), 0);
+    s.token = sampleFromCandidates(scratch.data(), p, cand);
+  }
+  s.logprob = logits[s.token] - lse;
+
+  if (topN > 0) {
+    std::vector<int> idx(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    int n = std::min(topN, vocab);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), ByLogit{logits});
+    for (int i = 0; i < n; i++) {
+      topIds[i] = idx[i];
+      topLps[i] = logits[idx[i]] - lse;
+    }
+  }
+  return s;
+}
+
+}  // namespace weft

@@ -1,0 +1,33 @@
+// Per-sequence token sampling: penalties, temperature, top-k, top-p, min-p,
+// seeded randomness and top-N log-probs.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace weft {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy
+  float topP = 1.0f;
+  int topK = 0;              // 0: off
+  float minP = 0.0f;
+  float repetitionPenalty = 1.0f;
+  float presencePenalty = 0.0f;
+  float frequencyPenalty = 0.0f;
+  uint64_t seed = 0;
+  uint32_t counter = 0;      // index of the token being sampled in its request: the RNG stream position
+  int numLogprobs = 0;
+};
+
+struct Sampled {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+// Samples one token from `logits` (vocab floats, left unchanged). Writes the
+// top `topN` (id, logprob) pairs of the raw distribution into topIds/topLps.
+Sampled sampleToken(const float* logits, int vocab, const SamplingParams& p,
+                    const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
+                    int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch);
+
+}  // namespace weft

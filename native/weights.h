@@ -1,0 +1,55 @@
+// Model weights, memory-mapped straight from safetensors files and kept in
+// their stored dtype (bf16/f16/f32): no float32 copy is ever made.
+#pragma once
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+#include "kernels.h"
+
+namespace weft {
+
+// A 2-D (or 1-D, rows = 1) view into a mapped file.
+struct Tensor {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int rows = 0;  // output features (N) for a linear layer
+  int cols = 0;  // input features (K)
+  explicit operator bool() const { return data != nullptr; }
+  // Row `r` widened to fp32 into `out` (cols floats).
+  void rowToF32(int r, float* out) const;
+  // Element i widened to fp32 (for small vectors: norms and biases).
+  float at(size_t i) const;
+};
+
+// Read-only mappings of the checkpoint files, shared by all tensors.
+class MappedFiles {
+ public:
+  ~MappedFiles();
+  // Maps `path` once; throws with the path on failure.
+  const unsigned char* map(const std::string& path, size_t* size);
+
+ private:
+  struct Mapping { void* addr; size_t size; };
+  std::map<std::string, Mapping> maps_;
+};
+
+struct LayerWeights {
+  Tensor attnNorm;                   // (hidden)
+  Tensor wq, wk, wv, wo;             // (heads*hd, hidden) (kv*hd, hidden) (kv*hd, hidden) (hidden, heads*hd)
+  Tensor bq, bk, bv;                 // Qwen2 biases, else empty
+  Tensor qNorm, kNorm;               // Qwen3 per-head RMSNorm (hd), else empty
+  Tensor mlpNorm;                    // (hidden)
+  Tensor gate, up, down;             // (inter, hidden) (inter, hidden) (hidden, inter)
+};
+
+struct Weights {
+  Tensor embed;                      // (vocab, hidden)
+  std::vector<LayerWeights> layers;
+  Tensor finalNorm;                  // (hidden)
+  Tensor lmHead;                     // (vocab, hidden); the embedding when tied
+  std::shared_ptr<MappedFiles> files;
+};
+
+}  // namespace weft

@@ -1,0 +1,116 @@
+/**
+ * A Hugging Face model directory → config + validated tensor map → the
+ * addon's weight spec. Single-file and sharded checkpoints both load.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { CheckpointError } from "./errors.js";
+import { readModelConfig, type ModelConfig } from "./config.js";
+import { readSafetensors } from "./safetensors.js";
+import type { NativeLayerWeights, NativeTensor, NativeWeights } from "../runtime/native.js";
+
+export interface Checkpoint {
+  dir: string;
+  config: ModelConfig;
+  weights: NativeWeights;
+  /** Bytes of weights read per forward step (for rooflines and logs). */
+  weightBytes: number;
+}
+
+/** The shard files of a checkpoint: `model.safetensors`, or those named by the sharded index. */
+function shardFiles(dir: string): string[] {
+  const single = path.join(dir, "model.safetensors");
+  if (fs.existsSync(single)) return [single];
+  const indexFile = path.join(dir, "model.safetensors.index.json");
+  if (!fs.existsSync(indexFile)) {
+    throw new CheckpointError(dir, "no model.safetensors or model.safetensors.index.json");
+  }
+  let index: { weight_map?: Record<string, string> };
+  try {
+    index = JSON.parse(fs.readFileSync(indexFile, "utf8")) as typeof index;
+  } catch {
+    throw new CheckpointError(indexFile, "not valid JSON");
+  }
+  if (!index.weight_map || typeof index.weight_map !== "object") throw new CheckpointError(indexFile, "missing weight_map");
+  const files = [...new Set(Object.values(index.weight_map))];
+  for (const f of files) {
+    if (typeof f !== "string" || f.includes("/") || f.includes("\\")) throw new CheckpointError(indexFile, `bad shard name ${JSON.stringify(f)}`);
+    if (!fs.existsSync(path.join(dir, f))) throw new CheckpointError(path.join(dir, f), "shard named by the index is missing");
+  }
+  return files.map((f) => path.join(dir, f));
+}
+
+function collectTensors(files: string[]): Map<string, NativeTensor> {
+  const all = new Map<string, NativeTensor>();
+  for (const f of files) {
+    for (const [name, t] of readSafetensors(f)) {
+      if (all.has(name)) throw new CheckpointError(f, "tensor appears in two shards", name);
+      all.set(name, t);
+    }
+  }
+  return all;
+}
+
+class TensorPicker {
+  constructor(
+    private readonly dir: string,
+    private readonly tensors: Map<string, NativeTensor>,
+  ) {}
+
+  get(name: string, shape: number[]): NativeTensor {
+    const t = this.tensors.get(name);
+    if (!t) throw new CheckpointError(this.dir, "missing tensor", name);
+    if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+      throw new CheckpointError(t.file, `wrong shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`, name);
+    }
+    return t;
+  }
+
+  has(name: string): boolean {
+    return this.tensors.has(name);
+  }
+}
+
+function layerWeights(p: TensorPicker, c: ModelConfig, i: number): NativeLayerWeights {
+  const pre = `model.layers.${i}.`;
+  const q = c.heads * c.headDim, kv = c.kvHeads * c.headDim;
+  const w: NativeLayerWeights = {
+    attnNorm: p.get(`${pre}input_layernorm.weight`, [c.hidden]),
+    wq: p.get(`${pre}self_attn.q_proj.weight`, [q, c.hidden]),
+    wk: p.get(`${pre}self_attn.k_proj.weight`, [kv, c.hidden]),
+    wv: p.get(`${pre}self_attn.v_proj.weight`, [kv, c.hidden]),
+    wo: p.get(`${pre}self_attn.o_proj.weight`, [c.hidden, q]),
+    mlpNorm: p.get(`${pre}post_attention_layernorm.weight`, [c.hidden]),
+    gate: p.get(`${pre}mlp.gate_proj.weight`, [c.intermediate, c.hidden]),
+    up: p.get(`${pre}mlp.up_proj.weight`, [c.intermediate, c.hidden]),
+    down: p.get(`${pre}mlp.down_proj.weight`, [c.hidden, c.intermediate]),
+  };
+  if (c.qkvBias) {
+    w.bq = p.get(`${pre}self_attn.q_proj.bias`, [q]);
+    w.bk = p.get(`${pre}self_attn.k_proj.bias`, [kv]);
+    w.bv = p.get(`${pre}self_attn.v_proj.bias`, [kv]);
+  }
+  if (c.qkNorm) {
+    w.qNorm = p.get(`${pre}self_attn.q_norm.weight`, [c.headDim]);
+    w.kNorm = p.get(`${pre}self_attn.k_norm.weight`, [c.headDim]);
+  }
+  return w;
+}
+
+/** Loads and validates `dir`; tensor data stays in the files (the addon maps them). */
+export function loadCheckpoint(dir: string): Checkpoint {
+  const config = readModelConfig(dir);
+  const tensors = collectTensors(shardFiles(dir));
+  const p = new TensorPicker(dir, tensors);
+  const embed = p.get("model.embed_tokens.weight", [config.vocab, config.hidden]);
+  const tied = config.tieEmbeddings && !p.has("lm_head.weight");
+  const weights: NativeWeights = {
+    embed,
+    finalNorm: p.get("model.norm.weight", [config.hidden]),
+    lmHead: tied ? embed : p.get("lm_head.weight", [config.vocab, config.hidden]),
+    layers: Array.from({ length: config.layers }, (_, i) => layerWeights(p, config, i)),
+  };
+  const weightBytes = [...new Set([weights.lmHead, ...weights.layers.flatMap((l) => Object.values(l) as NativeTensor[])])]
+    .reduce((sum, t) => sum + t.byteLength, 0);
+  return { dir, config, weights, weightBytes };
+}

@@ -1,0 +1,82 @@
+/**
+ * Text ↔ token ids for one model: `tokenizer.json` through @huggingface/tokenizers,
+ * the chat template from `tokenizer_config.json` through @huggingface/jinja.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { Tokenizer } from "@huggingface/tokenizers";
+import { Template } from "@huggingface/jinja";
+import { CheckpointError } from "./errors.js";
+
+export interface ChatMessage {
+  role: string;
+  content: string;
+}
+
+type Json = Record<string, unknown>;
+
+function tokenString(v: unknown): string | null {
+  if (typeof v === "string") return v;
+  if (v && typeof v === "object" && typeof (v as Json).content === "string") return (v as Json).content as string;
+  return null;
+}
+
+export class TextTokenizer {
+  readonly bosToken: string | null;
+  readonly eosToken: string | null;
+  readonly specialIds: Set<number>;
+  private readonly template: Template | null;
+
+  private constructor(
+    private readonly tok: Tokenizer,
+    config: Json,
+  ) {
+    this.bosToken = tokenString(config.bos_token);
+    this.eosToken = tokenString(config.eos_token);
+    this.template = typeof config.chat_template === "string" ? new Template(config.chat_template) : null;
+    this.specialIds = new Set([...tok.get_added_tokens_decoder()].filter(([, t]) => t.special).map(([id]) => id));
+  }
+
+  /** Loads `tokenizer.json` (required) and `tokenizer_config.json` (optional) from `dir`. */
+  static fromDir(dir: string): TextTokenizer {
+    const file = path.join(dir, "tokenizer.json");
+    if (!fs.existsSync(file)) throw new CheckpointError(dir, "no tokenizer.json");
+    const json = JSON.parse(fs.readFileSync(file, "utf8")) as Json;
+    const cfgFile = path.join(dir, "tokenizer_config.json");
+    const config = fs.existsSync(cfgFile) ? (JSON.parse(fs.readFileSync(cfgFile, "utf8")) as Json) : {};
+    return new TextTokenizer(new Tokenizer(json, config), config);
+  }
+
+  get hasChatTemplate(): boolean {
+    return this.template !== null;
+  }
+
+  /** Token ids of `text`; special tokens (e.g. BOS) added as the tokenizer's post-processor says. */
+  encode(text: string, addSpecialTokens = true): number[] {
+    return this.tok.encode(text, { add_special_tokens: addSpecialTokens }).ids;
+  }
+
+  decode(ids: number[], skipSpecialTokens = true): string {
+    return this.tok.decode(ids, { skip_special_tokens: skipSpecialTokens });
+  }
+
+  tokenId(token: string): number | undefined {
+    return this.tok.token_to_id(token);
+  }
+
+  /** The chat template rendered with a generation prompt, as transformers' apply_chat_template does. */
+  renderChat(messages: ChatMessage[]): string {
+    if (!this.template) throw new Error("this model's tokenizer_config.json has no chat_template");
+    return this.template.render({
+      messages,
+      add_generation_prompt: true,
+      bos_token: this.bosToken ?? "",
+      eos_token: this.eosToken ?? "",
+    });
+  }
+
+  /** Token ids of a rendered chat; the template already holds any BOS. */
+  encodeChat(messages: ChatMessage[]): number[] {
+    return this.encode(this.renderChat(messages), false);
+  }
+}
