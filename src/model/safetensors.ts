@@ -96,26 +96,47 @@ export function readSafetensors(file: string): Map<string, NativeTensor> {
   return new Map(entries.map((e) => [e.name, { file: e.file, offset: e.offset, byteLength: e.byteLength, dtype: e.dtype, shape: e.shape }]));
 }
 
-/** Writes tensors (name → dtype, shape, bytes) as one safetensors file. */
-export function writeSafetensors(
-  file: string,
-  tensors: { name: string; dtype: "F32" | "F16" | "BF16"; shape: number[]; data: Uint8Array }[],
-): void {
+export interface TensorToWrite {
+  name: string;
+  dtype: "F32" | "F16" | "BF16";
+  shape: number[];
+  /** The bytes, or a function producing them when written (keeps one tensor in memory at a time). */
+  data: Uint8Array | (() => Uint8Array);
+}
+
+/** Writes tensors as one safetensors file, data 8-byte aligned. */
+export function writeSafetensors(file: string, tensors: TensorToWrite[]): void {
   let offset = 0;
   const header: Record<string, unknown> = { __metadata__: { format: "pt" } };
   for (const t of tensors) {
-    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + t.data.byteLength] };
-    offset += t.data.byteLength;
+    const bytes = t.shape.reduce((a, b) => a * b, 1) * DTYPES[t.dtype]!.bytes;
+    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + bytes] };
+    offset += bytes;
   }
   let json = JSON.stringify(header);
-  json += " ".repeat((8 - ((json.length + 8) % 8)) % 8); // data starts 8-byte aligned
+  json += " ".repeat((8 - ((Buffer.byteLength(json) + 8) % 8)) % 8);
   const len = Buffer.alloc(8);
   len.writeBigUInt64LE(BigInt(Buffer.byteLength(json)));
   const fd = fs.openSync(file, "w");
   try {
     fs.writeSync(fd, len);
     fs.writeSync(fd, json);
-    for (const t of tensors) fs.writeSync(fd, t.data);
+    for (const t of tensors) {
+      const data = typeof t.data === "function" ? t.data() : t.data;
+      fs.writeSync(fd, data);
+    }
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** The raw bytes of a tensor returned by readSafetensors. */
+export function readTensorBytes(t: NativeTensor): Uint8Array {
+  const fd = fs.openSync(t.file, "r");
+  try {
+    const buf = new Uint8Array(t.byteLength);
+    fs.readSync(fd, buf, 0, t.byteLength, t.offset);
+    return buf;
   } finally {
     fs.closeSync(fd);
   }

@@ -21,6 +21,23 @@ function tokenString(v: unknown): string | null {
   return null;
 }
 
+/**
+ * Older Llama/Mistral tokenizer.json files spell SentencePiece's prefix space as
+ * normalizers (Prepend "▁", then spaces → "▁"), which prepends even to text that
+ * already starts with a space. transformers 5 loads them with a Metaspace
+ * pre-tokenizer (prepend_scheme "first") instead; do the same so ids agree.
+ */
+function modernizeLegacySentencePiece(json: Json): Json {
+  const norm = json.normalizer as { type?: string; normalizers?: Json[] } | null | undefined;
+  const steps = norm?.type === "Sequence" ? (norm.normalizers ?? []) : [];
+  const isLegacy =
+    steps.length === 2 &&
+    steps[0]?.type === "Prepend" && steps[0].prepend === "▁" &&
+    steps[1]?.type === "Replace" && (steps[1].pattern as Json | undefined)?.String === " " && steps[1].content === "▁";
+  if (!isLegacy || json.pre_tokenizer) return json;
+  return { ...json, normalizer: null, pre_tokenizer: { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: false } };
+}
+
 export class TextTokenizer {
   readonly bosToken: string | null;
   readonly eosToken: string | null;
@@ -41,7 +58,7 @@ export class TextTokenizer {
   static fromDir(dir: string): TextTokenizer {
     const file = path.join(dir, "tokenizer.json");
     if (!fs.existsSync(file)) throw new CheckpointError(dir, "no tokenizer.json");
-    const json = JSON.parse(fs.readFileSync(file, "utf8")) as Json;
+    const json = modernizeLegacySentencePiece(JSON.parse(fs.readFileSync(file, "utf8")) as Json);
     const cfgFile = path.join(dir, "tokenizer_config.json");
     const config = fs.existsSync(cfgFile) ? (JSON.parse(fs.readFileSync(cfgFile, "utf8")) as Json) : {};
     return new TextTokenizer(new Tokenizer(json, config), config);
