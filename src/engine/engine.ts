@@ -1,0 +1,275 @@
+/**
+ * One engine per loaded model, one step in flight. The loop is:
+ * schedule → execute (native, off the event loop) → update → emit.
+ */
+import { randomUUID } from "node:crypto";
+import { KvCacheManager } from "../kv/kv-cache-manager.js";
+import { IncrementalDetokenizer } from "../model/detokenizer.js";
+import type { TextTokenizer } from "../model/tokenizer.js";
+import type { RunnerSequence, StepResult } from "../runtime/model-runner.js";
+import { EngineError } from "./errors.js";
+import { OutputStream, type RequestOutput } from "./output-stream.js";
+import { Priority, Request, RequestStatus, finishReason, type RequestInput } from "./request.js";
+import { Scheduler, type ScheduledRequest } from "./scheduler.js";
+import { StopStringMatcher } from "./stop-strings.js";
+
+export interface Runner {
+  execute(seqs: readonly RunnerSequence[], injectFailure?: boolean): Promise<StepResult>;
+}
+
+export interface EngineOptions {
+  numBlocks: number;
+  blockSize: number;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  maxModelLen: number;
+  vocabSize: number;
+  eosTokenIds: readonly number[];
+  enablePrefixCaching: boolean;
+  agingRate: number;
+  /** Waiting requests beyond this are refused (queue_full). */
+  maxWaitingRequests: number;
+}
+
+/** Latency samples, in seconds, for the server's histograms. */
+export interface EngineObserver {
+  timeToFirstToken?(s: number): void;
+  interTokenLatency?(s: number): void;
+  e2eLatency?(s: number): void;
+  queueTime?(s: number): void;
+  step?(s: number, numTokens: number): void;
+  finished?(r: Request): void;
+}
+
+export interface EngineStats {
+  running: number;
+  waiting: number;
+  waitingByPriority: { high: number; normal: number; low: number };
+  blocksTotal: number;
+  blocksUsed: number;
+  blocksCachedFree: number;
+  blocksFree: number;
+  prefixCacheQueries: number;
+  prefixCacheHits: number;
+  preemptions: number;
+  agingPromotions: number;
+  steps: number;
+}
+
+interface Live {
+  request: Request;
+  stream: OutputStream;
+  detok: IncrementalDetokenizer | null;
+  stops: StopStringMatcher;
+  stoppedByString: boolean;
+  pending: RequestOutput;
+}
+
+export class Engine {
+  readonly kv: KvCacheManager;
+  readonly scheduler: Scheduler;
+  private readonly live = new Map<string, Live>();
+  private loop: Promise<void> | null = null;
+  private sequence = 0;
+  private accepting = true;
+  private failNext = false;
+  private steps = 0;
+
+  constructor(
+    private readonly runner: Runner,
+    readonly options: EngineOptions,
+    private readonly tokenizer: TextTokenizer | null = null,
+    private readonly now: () => number = () => performance.now() / 1000,
+    private readonly observer: EngineObserver = {},
+  ) {
+    this.kv = new KvCacheManager(options.numBlocks, options.blockSize, options.enablePrefixCaching);
+    this.scheduler = new Scheduler(
+      { maxNumSeqs: options.maxNumSeqs, maxNumBatchedTokens: options.maxNumBatchedTokens, agingRate: options.agingRate, maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds },
+      this.kv,
+      now,
+    );
+  }
+
+  /** Queues a request; its outputs arrive on the returned stream. Throws EngineError at admission. */
+  add(input: RequestInput): OutputStream {
+    this.admit(input);
+    const id = input.id ?? randomUUID();
+    if (this.live.has(id)) throw new EngineError("invalid_request", `request id ${id} is already in use`);
+    const tenant = input.tenant ?? "";
+    const r = new Request(id, [...input.promptTokenIds], input.params, input.priority ?? Priority.NORMAL, tenant,
+      input.cacheSalt ?? tenant, this.now(), this.sequence++);
+    const stream = new OutputStream(id, () => this.abort(id));
+    const detok = this.tokenizer ? new IncrementalDetokenizer(this.tokenizer, r.promptTokenIds) : null;
+    this.live.set(id, { request: r, stream, detok, stops: new StopStringMatcher(input.params.stop), stoppedByString: false, pending: emptyOutput() });
+    this.scheduler.add(r);
+    this.kick();
+    return stream;
+  }
+
+  /** Ends a request now: its blocks are free at once and its stream ends with finish_reason "abort". */
+  abort(id: string, status = RequestStatus.FINISHED_ABORTED, error?: string): void {
+    const l = this.live.get(id);
+    if (!l) return;
+    if (error) l.request.error = error;
+    this.scheduler.finish(l.request, status);
+    this.complete(l);
+  }
+
+  /** Test hook: the next step fails inside the addon, as a native fault would. */
+  failNextStep(): void {
+    this.failNext = true;
+  }
+
+  get idle(): boolean {
+    return !this.scheduler.hasWork;
+  }
+
+  stats(): EngineStats {
+    const c = this.scheduler.waiting.counts;
+    const pool = this.kv.pool;
+    return {
+      running: this.scheduler.running.length,
+      waiting: this.scheduler.waiting.size,
+      waitingByPriority: { high: c[0]!, normal: c[1]!, low: c[2]! },
+      blocksTotal: pool.numBlocks,
+      blocksUsed: pool.numUsed,
+      blocksCachedFree: pool.numCachedFree,
+      blocksFree: pool.numFree,
+      prefixCacheQueries: this.kv.queries,
+      prefixCacheHits: this.kv.hits,
+      preemptions: this.scheduler.counters.preemptions,
+      agingPromotions: this.scheduler.counters.agingPromotions,
+      steps: this.steps,
+    };
+  }
+
+  /** Stops accepting; lets work finish for up to `timeoutMs`, then ends the rest with an error. */
+  async shutdown(timeoutMs = 0): Promise<void> {
+    this.accepting = false;
+    const deadline = Date.now() + timeoutMs;
+    while (this.scheduler.hasWork && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    for (const id of [...this.live.keys()]) this.abort(id, RequestStatus.FINISHED_ERROR, "the server is shutting down");
+    await this.loop;
+  }
+
+  private admit(input: RequestInput): void {
+    if (!this.accepting) throw new EngineError("shutting_down", "the engine is shutting down");
+    const n = input.promptTokenIds.length, o = this.options;
+    if (n === 0) throw new EngineError("invalid_request", "the prompt is empty", "prompt");
+    const bad = input.promptTokenIds.find((t) => !Number.isInteger(t) || t < 0 || t >= o.vocabSize);
+    if (bad !== undefined) throw new EngineError("invalid_request", `prompt token id ${bad} is outside the vocabulary (0..${o.vocabSize - 1})`, "prompt");
+    const total = n + input.params.maxTokens;
+    if (total > o.maxModelLen) {
+      throw new EngineError("context_length_exceeded",
+        `This model's maximum context length is ${o.maxModelLen} tokens; the prompt has ${n} and max_tokens is ${input.params.maxTokens} (${total} in all).`, "max_tokens");
+    }
+    if (Math.ceil(total / o.blockSize) > o.numBlocks) {
+      throw new EngineError("invalid_request",
+        `prompt + max_tokens (${total} tokens) can never fit the KV cache (${o.numBlocks} blocks of ${o.blockSize} tokens)`, "max_tokens");
+    }
+    if (this.scheduler.waiting.size >= o.maxWaitingRequests) {
+      throw new EngineError("queue_full", `the queue is full (${o.maxWaitingRequests} waiting requests)`);
+    }
+  }
+
+  private kick(): void {
+    this.loop ??= this.run().finally(() => (this.loop = null));
+  }
+
+  private async run(): Promise<void> {
+    while (this.scheduler.hasWork) {
+      const scheduled = this.scheduler.schedule();
+      if (scheduled.length === 0) break; // nothing fits: cannot happen after admission checks, but never spin
+      const result = await this.execute(scheduled);
+      if (result) this.process(scheduled, result);
+    }
+  }
+
+  private async execute(scheduled: ScheduledRequest[]): Promise<StepResult | null> {
+    const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }) => ({
+      tokenIds: r.allTokenIds.slice(r.numComputedTokens, r.numComputedTokens + numTokens),
+      startPosition: r.numComputedTokens,
+      blockTable: this.kv.blockIds(r.id),
+      sample: sample ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds } : null,
+    }));
+    const start = this.now();
+    const inject = this.failNext;
+    this.failNext = false;
+    try {
+      const result = await this.runner.execute(seqs, inject);
+      this.steps++;
+      this.observer.step?.(this.now() - start, seqs.reduce((n, s) => n + s.tokenIds.length, 0));
+      return result;
+    } catch (e) {
+      const message = e instanceof Error ? e.message : String(e);
+      for (const s of scheduled) this.abort(s.request.id, RequestStatus.FINISHED_ERROR, `engine step failed: ${message}`);
+      return null;
+    }
+  }
+
+  private process(scheduled: ScheduledRequest[], result: StepResult): void {
+    const tokens = result.samples.map((s) => s?.tokenId ?? null);
+    this.scheduler.update(scheduled, tokens);
+    const now = this.now();
+    scheduled.forEach((s, i) => {
+      const sample = result.samples[i];
+      const l = this.live.get(s.request.id);
+      if (!sample || !l) return;
+      this.emitToken(l, sample.tokenId, { tokenId: sample.tokenId, logprob: sample.logprob, top: sample.top }, now);
+    });
+  }
+
+  private emitToken(l: Live, tokenId: number, logprob: Live["pending"]["logprobs"][number], now: number): void {
+    const r = l.request;
+    if (r.firstTokenTime === null) {
+      r.firstTokenTime = now;
+      this.observer.timeToFirstToken?.(now - r.arrivalTime);
+      if (r.scheduledTime !== null) this.observer.queueTime?.(r.scheduledTime - r.arrivalTime);
+    } else if (r.lastTokenTime !== null) {
+      this.observer.interTokenLatency?.(now - r.lastTokenTime);
+    }
+    r.lastTokenTime = now;
+    l.pending.tokenIds.push(tokenId);
+    l.pending.logprobs.push(logprob);
+    const stopped = r.status === RequestStatus.FINISHED_STOPPED;
+    const isEos = stopped && !r.params.ignoreEos && (this.options.eosTokenIds.includes(tokenId) || r.params.stopTokenIds.includes(tokenId));
+    const delta = l.detok && !isEos ? l.detok.push(tokenId) : "";
+    const { text, stopped: byString } = l.stops.push(delta);
+    l.pending.text += text;
+    if (byString) {
+      l.stoppedByString = true;
+      this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED);
+    }
+    if (r.status >= RequestStatus.FINISHED_STOPPED) this.complete(l);
+    else this.flush(l);
+  }
+
+  private flush(l: Live): void {
+    const out = l.pending;
+    if (out.tokenIds.length === 0 && out.text === "") return;
+    l.pending = emptyOutput();
+    l.stream.push(out);
+  }
+
+  private complete(l: Live): void {
+    const r = l.request;
+    this.live.delete(r.id);
+    const out = l.pending;
+    if (!l.stoppedByString) {
+      // Release held-back text (an incomplete character, a possible stop-string prefix).
+      const tail = l.detok && r.status !== RequestStatus.FINISHED_ABORTED ? l.detok.flush() : "";
+      out.text += l.stops.push(tail).text + l.stops.flush();
+    }
+    out.finished = true;
+    out.finishReason = finishReason(r.status) ?? "error";
+    out.usage = { promptTokens: r.promptTokenIds.length, completionTokens: r.outputTokenIds.length, cachedTokens: r.numCachedTokens };
+    if (r.error) out.error = r.error;
+    this.observer.e2eLatency?.(this.now() - r.arrivalTime);
+    this.observer.finished?.(r);
+    l.stream.push(out);
+  }
+}
+
+function emptyOutput(): RequestOutput {
+  return { tokenIds: [], text: "", logprobs: [], finished: false };
+}

@@ -1,0 +1,87 @@
+/** A generation request and its lifecycle. */
+import type { SamplingParams } from "./sampling-params.js";
+import type { TokenLogprob } from "../runtime/model-runner.js";
+
+/** Ordered: every status after RUNNING is final. */
+export enum RequestStatus {
+  WAITING = 0,
+  RUNNING = 1,
+  PREEMPTED = 2,
+  FINISHED_STOPPED = 3,
+  FINISHED_LENGTH = 4,
+  FINISHED_ABORTED = 5,
+  FINISHED_ERROR = 6,
+}
+
+export type FinishReason = "stop" | "length" | "abort" | "error";
+
+export function isFinished(s: RequestStatus): boolean {
+  return s >= RequestStatus.FINISHED_STOPPED;
+}
+
+/** OpenAI's finish_reason for a final status. */
+export function finishReason(s: RequestStatus): FinishReason | null {
+  switch (s) {
+    case RequestStatus.FINISHED_STOPPED: return "stop";
+    case RequestStatus.FINISHED_LENGTH: return "length";
+    case RequestStatus.FINISHED_ABORTED: return "abort";
+    case RequestStatus.FINISHED_ERROR: return "error";
+    default: return null;
+  }
+}
+
+export enum Priority {
+  HIGH = 0,
+  NORMAL = 1,
+  LOW = 2,
+}
+
+export interface GeneratedLogprob extends TokenLogprob {
+  top: TokenLogprob[];
+}
+
+/** What the caller hands to Engine.add. */
+export interface RequestInput {
+  id?: string;
+  promptTokenIds: number[];
+  params: SamplingParams;
+  priority?: Priority;
+  /** Tenant: the prefix-cache salt unless `cacheSalt` is given. */
+  tenant?: string;
+  cacheSalt?: string;
+}
+
+export class Request {
+  status = RequestStatus.WAITING;
+  readonly outputTokenIds: number[] = [];
+  readonly logprobs: GeneratedLogprob[] = [];
+  numComputedTokens = 0;
+  /** Prompt tokens served from the prefix cache at admission. */
+  numCachedTokens = 0;
+  numPreemptions = 0;
+  firstTokenTime: number | null = null;
+  lastTokenTime: number | null = null;
+  scheduledTime: number | null = null;
+  error: string | null = null;
+
+  constructor(
+    readonly id: string,
+    readonly promptTokenIds: readonly number[],
+    readonly params: SamplingParams,
+    readonly priority: Priority,
+    readonly tenant: string,
+    readonly cacheSalt: string,
+    /** Seconds on the engine's clock. */
+    readonly arrivalTime: number,
+    /** Tie-breaker: admission order. */
+    readonly sequence: number,
+  ) {}
+
+  get allTokenIds(): number[] {
+    return [...this.promptTokenIds, ...this.outputTokenIds];
+  }
+
+  get numTokens(): number {
+    return this.promptTokenIds.length + this.outputTokenIds.length;
+  }
+}

@@ -1,0 +1,44 @@
+/**
+ * Stop strings, found across token boundaries. Text that could be the start
+ * of a stop string is held back until it is known not to be one, and a
+ * matched stop string is never emitted.
+ */
+export class StopStringMatcher {
+  private text = "";
+  private sent = 0;
+  private readonly holdBack: number;
+
+  constructor(private readonly stops: readonly string[]) {
+    this.holdBack = Math.max(0, ...stops.map((s) => s.length - 1));
+  }
+
+  /** Adds decoded text; returns what can be emitted now and whether a stop string ended generation. */
+  push(delta: string): { text: string; stopped: boolean } {
+    const from = Math.max(0, this.sent - this.holdBack);
+    this.text += delta;
+    let cut = -1;
+    for (const s of this.stops) {
+      const i = this.text.indexOf(s, from);
+      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+    }
+    if (cut >= 0) {
+      this.text = this.text.slice(0, cut);
+      return { text: this.take(this.text.length), stopped: true };
+    }
+    return { text: this.take(this.text.length - this.holdBack), stopped: false };
+  }
+
+  /** Everything not yet emitted (generation ended for another reason). */
+  flush(): string {
+    return this.take(this.text.length);
+  }
+
+  private take(upTo: number): string {
+    const code = this.text.charCodeAt(upTo - 1);
+    if (upTo < this.text.length && code >= 0xd800 && code <= 0xdbff) upTo--; // never split a surrogate pair
+    if (upTo <= this.sent) return "";
+    const out = this.text.slice(this.sent, upTo);
+    this.sent = upTo;
+    return out;
+  }
+}
