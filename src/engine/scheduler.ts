@@ -78,6 +78,7 @@ export class Scheduler {
       const cached = r.numComputedTokens === 0 ? this.kv.computedBlocks(r) : { blocks: [], numTokens: 0 };
       const n = Math.min(r.numTokens - cached.numTokens, budget);
       if (!this.kv.allocateSlots(r, n, cached.blocks)) break;
+      if (this.kv.enablePrefixCaching) this.kv.recordLookup(r.numTokens, cached.numTokens);
       if (r.priority > (this.waiting.bestBasePriority() ?? r.priority)) this.counters.agingPromotions++;
       this.waiting.pop();
       r.numComputedTokens = cached.numTokens;

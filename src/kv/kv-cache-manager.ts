@@ -57,8 +57,6 @@ export class KvCacheManager {
       if (!b) break;
       blocks.push(b);
     }
-    this.queries += total;
-    this.hits += blocks.length * this.blockSize;
     return { blocks, numTokens: blocks.length * this.blockSize };
   }
 
@@ -90,6 +88,12 @@ export class KvCacheManager {
     const hashes = this.hashChain(seq, full, known);
     this.hashes.set(seq.id, hashes);
     for (let i = known.length; i < full; i++) this.pool.cache(table[i]!, hashes[i]!);
+  }
+
+  /** Counts an admitted request's prefix-cache lookup (in tokens). */
+  recordLookup(queried: number, hit: number): void {
+    this.queries += queried;
+    this.hits += hit;
   }
 
   /** Releases all of a request's blocks, tail first, so a chain's tail is evicted before its head. */

@@ -1,0 +1,245 @@
+/** The batching engine: prefix sharing, tenant isolation, aging, preemption, invariants under random load. */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import { Engine, type EngineOptions, type Runner } from "../src/engine/engine.js";
+import { Priority, Request, RequestStatus } from "../src/engine/request.js";
+import { defaultSamplingParams, type SamplingParams } from "../src/engine/sampling-params.js";
+import { Scheduler } from "../src/engine/scheduler.js";
+import { KvCacheManager } from "../src/kv/kv-cache-manager.js";
+import { ModelRunner } from "../src/runtime/model-runner.js";
+import { loadCheckpoint } from "../src/model/checkpoint.js";
+import { FIXTURES } from "./helpers.js";
+import { FakeRunner } from "./support/fake-runner.js";
+import { StopStringMatcher } from "../src/engine/stop-strings.js";
+
+test("stop strings are found across deltas, held back while partial, and never emitted", () => {
+  const m = new StopStringMatcher(["STOP", "\n\n"]);
+  assert.deepEqual(m.push("Hello ST"), { text: "Hello", stopped: false });
+  assert.deepEqual(m.push("ill going S"), { text: " STill goin", stopped: false });
+  assert.deepEqual(m.push("TO"), { text: "g ", stopped: false });
+  assert.deepEqual(m.push("P and more"), { text: "", stopped: true });
+  const n = new StopStringMatcher(["xyz"]);
+  assert.deepEqual(n.push("abcxy"), { text: "abc", stopped: false });
+  assert.equal(n.flush(), "xy");
+});
+
+const OPTIONS: EngineOptions = {
+  numBlocks: 64, blockSize: 4, maxNumSeqs: 8, maxNumBatchedTokens: 64, maxModelLen: 512, vocabSize: 1000,
+  eosTokenIds: [], enablePrefixCaching: true, agingRate: 0.1, maxWaitingRequests: 100,
+};
+const greedy = (maxTokens: number, over: Partial<SamplingParams> = {}): SamplingParams =>
+  defaultSamplingParams({ temperature: 0, maxTokens, ignoreEos: true, ...over });
+const range = (n: number, from = 1): number[] => Array.from({ length: n }, (_, i) => from + i);
+
+function assertNoLeaks(engine: Engine): void {
+  const s = engine.stats();
+  assert.equal(s.blocksUsed, 0, "every block is free or cached once idle");
+  assert.equal(s.blocksFree, s.blocksTotal);
+  for (const b of engine.kv.pool.blocks) assert.equal(b.refCount, 0);
+}
+
+test("two requests sharing a 3-block prefix share its physical blocks and compute only the suffix", async () => {
+  const prefix = range(12); // 3 blocks of 4
+  const runner = new FakeRunner();
+  const engine = new Engine(runner, OPTIONS);
+  const first = await engine.add({ promptTokenIds: [...prefix, 100, 101], params: greedy(3) }).collect();
+  const computedBefore = runner.tokensComputed;
+  // Hold the second request mid-generation to inspect its blocks while the first's are cached.
+  const holder = engine.add({ id: "holder", promptTokenIds: [...prefix, 200], params: greedy(50) });
+  const iter = holder[Symbol.asyncIterator]();
+  await iter.next();
+  const shared = engine.kv.blockIds("holder").slice(0, 3);
+  const third = engine.add({ id: "third", promptTokenIds: [...prefix, 300, 301], params: greedy(50) });
+  const it3 = third[Symbol.asyncIterator]();
+  await it3.next();
+  assert.deepEqual(engine.kv.blockIds("third").slice(0, 3), shared);
+  for (const id of shared) assert.equal(engine.kv.pool.blocks[id]!.refCount, 2);
+  engine.abort("holder");
+  engine.abort("third");
+  // Computed tokens for "holder": its 1-token suffix + decodes; never the 12 prefix tokens.
+  const firstStepOfHolder = runner.steps.find((s) => s.some((x) => x.startPosition === 12 && x.tokenIds[0] === 200))!;
+  assert.ok(firstStepOfHolder, "holder's first step starts at position 12");
+  assert.ok(runner.tokensComputed - computedBefore < 2 * 12, "prefix tokens were not recomputed");
+  // With caching off, the same prompts produce the same tokens.
+  const plain = new Engine(new FakeRunner(), { ...OPTIONS, enablePrefixCaching: false });
+  assert.deepEqual((await plain.add({ promptTokenIds: [...prefix, 100, 101], params: greedy(3) }).collect()).tokenIds, first.tokenIds);
+  const cachedAgain = await engine.add({ promptTokenIds: [...prefix, 100, 101], params: greedy(3) }).collect();
+  assert.deepEqual(cachedAgain.tokenIds, first.tokenIds);
+  assert.equal(cachedAgain.usage!.cachedTokens, 12);
+  assertNoLeaks(engine);
+});
+
+test("the same prompt from two tenants shares no blocks", async () => {
+  const engine = new Engine(new FakeRunner(), OPTIONS);
+  const prompt = range(13);
+  await engine.add({ promptTokenIds: prompt, params: greedy(2), tenant: "a" }).collect();
+  const b = engine.add({ id: "b", promptTokenIds: prompt, params: greedy(50), tenant: "b" });
+  const a2 = engine.add({ id: "a2", promptTokenIds: prompt, params: greedy(50), tenant: "a" });
+  await b[Symbol.asyncIterator]().next();
+  await a2[Symbol.asyncIterator]().next();
+  const bBlocks = new Set(engine.kv.blockIds("b"));
+  assert.ok(engine.kv.blockIds("a2").every((id) => !bBlocks.has(id)));
+  engine.abort("b");
+  engine.abort("a2");
+  assertNoLeaks(engine);
+});
+
+function schedulerWithClock(rate: number): { s: Scheduler; clock: { t: number }; add: (p: Priority, id: string) => Request } {
+  const clock = { t: 0 };
+  const s = new Scheduler({ maxNumSeqs: 1, maxNumBatchedTokens: 64, agingRate: rate, maxModelLen: 100, eosTokenIds: [] },
+    new KvCacheManager(64, 4), () => clock.t);
+  let seq = 0;
+  const add = (p: Priority, id: string): Request => {
+    const r = new Request(id, [1, 2, 3], greedy(1), p, "", "", clock.t, seq++);
+    s.add(r);
+    return r;
+  };
+  return { s, clock, add };
+}
+
+test("aging: a LOW request that waited long enough runs before a newly arrived HIGH one", () => {
+  const rate = 0.1;
+  const { s, clock, add } = schedulerWithClock(rate);
+  add(Priority.LOW, "low");
+  // LOW (2) needs (2 - 0) / rate = 20 s to reach a fresh HIGH's priority, and wins ties only by arrival.
+  clock.t = 19.9;
+  add(Priority.HIGH, "high-early");
+  assert.equal(s.waiting.peek()!.id, "high-early");
+  s.waiting.pop();
+  clock.t = 20.1;
+  add(Priority.HIGH, "high-late");
+  assert.equal(s.waiting.peek()!.id, "low");
+  const picked = s.schedule();
+  assert.equal(picked[0]!.request.id, "low");
+  assert.equal(s.counters.agingPromotions, 1);
+});
+
+test("aging: under a steady stream of HIGH requests, a LOW request's wait is bounded by (LOW − HIGH) / rate", () => {
+  const rate = 0.5, interval = 0.25;
+  const { s, clock, add } = schedulerWithClock(rate);
+  const low = add(Priority.LOW, "low");
+  let n = 0;
+  // One request runs per step (maxNumSeqs 1, each finishes in one step); a HIGH request arrives every step.
+  while (low.status === RequestStatus.WAITING) {
+    add(Priority.HIGH, `h${n++}`);
+    const [picked] = s.schedule();
+    s.update([picked!], [7]); // one token of max_tokens 1: finished
+    clock.t += interval;
+    assert.ok(clock.t < 100, "LOW starved");
+  }
+  const bound = (Priority.LOW - Priority.HIGH) / rate;
+  assert.ok(low.scheduledTime! <= bound + interval, `LOW waited ${low.scheduledTime}s, bound ${bound}s`);
+  assert.ok(low.scheduledTime! >= bound - interval, "LOW should not jump the queue before it has aged");
+});
+
+async function runAll(engine: Engine, prompts: number[][], maxTokens: number): Promise<number[][]> {
+  const outs = await Promise.all(prompts.map((p, i) => engine.add({ promptTokenIds: p, params: greedy(maxTokens), priority: (i % 3) as Priority }).collect()));
+  for (const o of outs) assert.equal(o.finishReason, "length");
+  return outs.map((o) => o.tokenIds);
+}
+
+test("preemption with a tiny pool: every request completes, outputs equal a large pool's, no leaks", async () => {
+  const prompts = Array.from({ length: 12 }, (_, i) => range(5 + ((i * 7) % 13), i * 10));
+  const big = new Engine(new FakeRunner(), OPTIONS);
+  const expected = await runAll(big, prompts, 20);
+  const tiny = new Engine(new FakeRunner(), { ...OPTIONS, numBlocks: 12 });
+  const got = await runAll(tiny, prompts, 20);
+  assert.deepEqual(got, expected);
+  assert.ok(tiny.stats().preemptions > 0, "the tiny pool must have preempted");
+  assertNoLeaks(tiny);
+  assertNoLeaks(big);
+});
+
+test("admission errors: beyond the context, never fitting the pool, a full queue", () => {
+  const engine = new Engine(new FakeRunner(), { ...OPTIONS, numBlocks: 4, maxWaitingRequests: 2 });
+  assert.throws(() => engine.add({ promptTokenIds: range(500), params: greedy(20) }), /maximum context length is 512/);
+  assert.throws(() => engine.add({ promptTokenIds: range(10), params: greedy(10) }), /can never fit the KV cache/);
+  assert.throws(() => engine.add({ promptTokenIds: [5000], params: greedy(1) }), /outside the vocabulary/);
+  // The first is scheduled at once; the next two wait while its step runs.
+  for (let i = 0; i < 3; i++) engine.add({ promptTokenIds: [1], params: greedy(1) });
+  assert.equal(engine.stats().waiting, 2);
+  assert.throws(() => engine.add({ promptTokenIds: [1], params: greedy(1) }), /queue is full/);
+});
+
+test("stop token ids and EOS end generation; ignore_eos keeps going", async () => {
+  const engine = new Engine(new FakeRunner(), { ...OPTIONS, eosTokenIds: [] });
+  const free = await engine.add({ promptTokenIds: [3], params: greedy(6) }).collect();
+  const stopAt = free.tokenIds[2]!;
+  const byId = await engine.add({ promptTokenIds: [3], params: greedy(6, { stopTokenIds: [stopAt] }) }).collect();
+  assert.deepEqual(byId.tokenIds, free.tokenIds.slice(0, 3));
+  assert.equal(byId.finishReason, "stop");
+  const eos = new Engine(new FakeRunner(), { ...OPTIONS, eosTokenIds: [stopAt] });
+  const byEos = await eos.add({ promptTokenIds: [3], params: greedy(6, { ignoreEos: false }) }).collect();
+  assert.equal(byEos.finishReason, "stop");
+  assert.equal(byEos.tokenIds.length, 3);
+  const ignored = await eos.add({ promptTokenIds: [3], params: greedy(6, { ignoreEos: true }) }).collect();
+  assert.equal(ignored.tokenIds.length, 6);
+});
+
+test("randomized: invariants hold after every step under arrivals, aborts, priorities and tenants", async () => {
+  for (const seed of [1, 2, 3]) {
+    let s = seed;
+    const rand = (): number => ((s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32);
+    const runner = new FakeRunner();
+    const engine = new Engine(runner, { ...OPTIONS, numBlocks: 40, maxNumSeqs: 6, maxNumBatchedTokens: 24, maxWaitingRequests: 1000 });
+    const check = (): void => {
+      const pool = engine.kv.pool;
+      const holders = new Map<number, number>();
+      for (const r of engine.scheduler.running) for (const id of engine.kv.blockIds(r.id)) holders.set(id, (holders.get(id) ?? 0) + 1);
+      for (const b of pool.blocks) assert.equal(b.refCount, holders.get(b.id) ?? 0, `block ${b.id} ref count`);
+      const st = engine.stats();
+      assert.equal(st.blocksFree + st.blocksUsed, st.blocksTotal);
+      assert.equal(pool.freeOrder().length, st.blocksFree);
+      // A block in two tables must be a cached (hashed) one: shared only through the prefix cache.
+      for (const [id, n] of holders) if (n > 1) assert.notEqual(pool.blocks[id]!.hash, null);
+    };
+    const original = runner.execute.bind(runner);
+    runner.execute = async (seqs) => {
+      check();
+      return original(seqs);
+    };
+    const done: Promise<{ finishReason?: string }>[] = [];
+    const ids: string[] = [];
+    for (let i = 0; i < 150; i++) {
+      const shared = rand() < 0.5 ? range(8, 500) : [];
+      const prompt = [...shared, ...range(1 + Math.floor(rand() * 20), Math.floor(rand() * 400))];
+      const id = `r${seed}-${i}`;
+      ids.push(id);
+      done.push(engine.add({ id, promptTokenIds: prompt, params: greedy(1 + Math.floor(rand() * 15)),
+        priority: Math.floor(rand() * 3) as Priority, tenant: rand() < 0.5 ? "x" : "y" }).collect());
+      if (rand() < 0.2) engine.abort(ids[Math.floor(rand() * ids.length)]!);
+      if (rand() < 0.3) await new Promise((r) => setImmediate(r));
+    }
+    const results = await Promise.all(done);
+    for (const r of results) assert.ok(["length", "abort"].includes(r.finishReason!), `finished: ${r.finishReason}`);
+    check();
+    assertNoLeaks(engine);
+    assert.ok(runner.steps.length > 100, "ran thousands of sequence-steps");
+  }
+});
+
+test("a failed step ends its requests with an error and the engine keeps serving", async () => {
+  const engine = new Engine(new FakeRunner(), OPTIONS);
+  const failing: Runner = { execute: () => Promise.reject(new Error("boom")) };
+  const broken = new Engine(failing, OPTIONS);
+  const out = await broken.add({ promptTokenIds: [1, 2], params: greedy(3) }).collect();
+  assert.equal(out.finishReason, "error");
+  assert.match(out.error!, /boom/);
+  assertNoLeaks(broken);
+  const ok = await engine.add({ promptTokenIds: [1, 2], params: greedy(3) }).collect();
+  assert.equal(ok.tokenIds.length, 3);
+});
+
+test("real model: 32 concurrent requests each equal their solo run", async () => {
+  const ckpt = loadCheckpoint(path.join(FIXTURES, "tiny-qwen3"));
+  const opts: EngineOptions = { ...OPTIONS, numBlocks: 256, blockSize: 8, maxNumSeqs: 32, maxNumBatchedTokens: 128, vocabSize: ckpt.config.vocab, maxModelLen: 256 };
+  const engine = new Engine(new ModelRunner(ckpt, { numBlocks: 256, blockSize: 8 }), opts);
+  const prompts = Array.from({ length: 32 }, (_, i) => Array.from({ length: 3 + ((i * 5) % 29) }, (_, j) => (i * 7919 + j * 104729) % 150000));
+  const params = (i: number): SamplingParams => i % 2 ? greedy(12) : defaultSamplingParams({ temperature: 0.9, topP: 0.95, seed: i, maxTokens: 12, ignoreEos: true });
+  const solo: number[][] = [];
+  for (const [i, p] of prompts.entries()) solo.push((await engine.add({ promptTokenIds: p, params: params(i) }).collect()).tokenIds);
+  const together = await Promise.all(prompts.map((p, i) => engine.add({ promptTokenIds: p, params: params(i) }).collect()));
+  assert.deepEqual(together.map((o) => o.tokenIds), solo);
+  assertNoLeaks(engine);
+});
