@@ -4,6 +4,10 @@ import { Command, InvalidArgumentError } from "commander";
 import { generate } from "./commands/generate.js";
 import { makeModel, type WeightDType } from "./model/make-model.js";
 import { PRESETS } from "./model/presets.js";
+import { serve } from "./commands/serve.js";
+import { keysCommand } from "./commands/keys.js";
+import { DEFAULT_DB_PATH } from "./store/database.js";
+import { DEFAULT_ENGINE_CONFIG } from "./engine/engine-manager.js";
 
 export function intArg(name: string, min = 0): (v: string) => number {
   return (v) => {
@@ -52,6 +56,33 @@ program
     const dir = makeModel({ preset: o.preset, out: o.out, dtype: o.dtype as WeightDType, seed: o.seed });
     console.log(`wrote ${o.preset} (random weights, ${o.dtype}) to ${dir}`);
   });
+
+const collect = (v: string, all: string[]): string[] => [...all, v];
+const d = DEFAULT_ENGINE_CONFIG;
+
+program
+  .command("serve")
+  .description("serve the OpenAI-compatible API (the built-in random-weight demo model when no --model is given)")
+  .option("--host <host>", "address to listen on", "127.0.0.1")
+  .option("--port <port>", "port (0: any free port)", intArg("--port"), 8000)
+  .option("--model <spec>", "ID=PATH, a model directory, or a Hugging Face repo id (repeatable)", collect, [])
+  .option("--db <path>", "SQLite database of API keys", DEFAULT_DB_PATH)
+  .option("--api-key <key>", "also accept this key (and require a key on /v1)")
+  .option("--protect-metrics", "require an API key on /metrics")
+  .option("--body-limit <bytes>", "largest request body", intArg("--body-limit", 1), 4 * 1024 * 1024)
+  .option("--max-loaded-models <n>", "engines kept loaded; the least recently used idle one is unloaded", intArg("--max-loaded-models", 1), 4)
+  .option("--shutdown-timeout <s>", "seconds in-flight requests get to finish on SIGTERM", numArg("--shutdown-timeout"), 30)
+  .option("--block-size <n>", "tokens per KV block", intArg("--block-size", 1), d.blockSize)
+  .option("--kv-cache-memory <bytes>", "KV cache bytes per model", intArg("--kv-cache-memory", 1), d.kvCacheMemory)
+  .option("--max-num-seqs <n>", "sequences per step", intArg("--max-num-seqs", 1), d.maxNumSeqs)
+  .option("--max-num-batched-tokens <n>", "tokens per step", intArg("--max-num-batched-tokens", 1), d.maxNumBatchedTokens)
+  .option("--no-prefix-caching", "turn prefix caching off")
+  .option("--priority-aging-rate <r>", "priority gained per second of waiting", numArg("--priority-aging-rate"), d.agingRate)
+  .option("--max-waiting-requests <n>", "queue length beyond which requests get 429", intArg("--max-waiting-requests", 1), d.maxWaitingRequests)
+  .option("--max-model-len <n>", "cap the context length (0: the model's)", intArg("--max-model-len"), 0)
+  .action(serve);
+
+program.addCommand(keysCommand());
 
 program.parseAsync().catch((e: unknown) => {
   process.stderr.write(`weft: ${e instanceof Error ? e.message : String(e)}\n`);

@@ -25,6 +25,8 @@ export class OutputStream implements AsyncIterable<RequestOutput> {
   private readonly buffered: RequestOutput[] = [];
   private waiter: ((r: IteratorResult<RequestOutput>) => void) | null = null;
   private ended = false;
+  /** performance.now() when the first token arrived. */
+  firstTokenAt: number | null = null;
 
   constructor(
     readonly id: string,
@@ -35,6 +37,7 @@ export class OutputStream implements AsyncIterable<RequestOutput> {
   push(out: RequestOutput): void {
     if (this.ended) return;
     if (out.finished) this.ended = true;
+    if (out.tokenIds.length > 0) this.firstTokenAt ??= performance.now();
     if (this.waiter) {
       const w = this.waiter;
       this.waiter = null;

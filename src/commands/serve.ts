@@ -1,0 +1,105 @@
+/** `weft serve`: the OpenAI-compatible server. */
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { pino } from "pino";
+import { DEFAULT_ENGINE_CONFIG, EngineManager, type EngineConfig } from "../engine/engine-manager.js";
+import { makeModel } from "../model/make-model.js";
+import { readModelConfig } from "../model/config.js";
+import { cachedSnapshot, isRepoId, parseModelSpec } from "../model/registry.js";
+import { downloadModel } from "../model/download.js";
+import { Authenticator } from "../server/auth.js";
+import { buildServer } from "../server/app.js";
+import { Metrics } from "../server/metrics.js";
+import { DEFAULT_DB_PATH, KeyStore } from "../store/database.js";
+
+export interface ServeOptions {
+  host: string;
+  port: number;
+  model: string[];
+  db: string;
+  apiKey?: string;
+  protectMetrics?: boolean;
+  bodyLimit: number;
+  maxLoadedModels: number;
+  shutdownTimeout: number;
+  blockSize: number;
+  kvCacheMemory: number;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  prefixCaching: boolean;
+  priorityAgingRate: number;
+  maxWaitingRequests: number;
+  maxModelLen: number;
+}
+
+export const DEMO_PRESET = "qwen3-0.6b";
+
+/** The built-in demo: a random-weight Qwen3-0.6B-shaped model, made on first use. */
+function demoModel(log: pino.Logger): string {
+  const dir = path.join(os.homedir(), ".cache", "weft", "models", `${DEMO_PRESET}-random`);
+  if (!fs.existsSync(path.join(dir, "model.safetensors"))) {
+    log.info(`creating the demo model (${DEMO_PRESET} shape, RANDOM weights) in ${dir}…`);
+    makeModel({ preset: DEMO_PRESET, out: dir });
+  }
+  log.warn(`serving the built-in demo model: ${DEMO_PRESET} shape with RANDOM weights, so its text is gibberish. ` +
+    "Serve a real checkpoint with --model ID=/path/to/hf-model-dir or --model org/name.");
+  return dir;
+}
+
+async function resolveModels(specs: string[], log: pino.Logger): Promise<Map<string, string>> {
+  const models = new Map<string, string>();
+  if (specs.length === 0) models.set(`${DEMO_PRESET}-random`, demoModel(log));
+  for (const spec of specs) {
+    const { id, source } = parseModelSpec(spec);
+    let dir = source;
+    if (isRepoId(source)) dir = cachedSnapshot(source) ?? (await downloadModel(source, { log: (m) => log.info(m) }));
+    if (!fs.existsSync(path.join(dir, "config.json"))) throw new Error(`--model ${spec}: no config.json in ${dir}`);
+    models.set(id, path.resolve(dir));
+  }
+  return models;
+}
+
+export function engineConfig(o: ServeOptions): EngineConfig {
+  return {
+    ...DEFAULT_ENGINE_CONFIG,
+    blockSize: o.blockSize, kvCacheMemory: o.kvCacheMemory, maxNumSeqs: o.maxNumSeqs,
+    maxNumBatchedTokens: o.maxNumBatchedTokens, enablePrefixCaching: o.prefixCaching,
+    agingRate: o.priorityAgingRate, maxWaitingRequests: o.maxWaitingRequests, maxModelLen: o.maxModelLen,
+  };
+}
+
+export async function serve(o: ServeOptions): Promise<void> {
+  const log = pino({ base: undefined });
+  const models = await resolveModels(o.model, log);
+  const metrics = new Metrics(() => manager);
+  const manager: EngineManager = new EngineManager(models, engineConfig(o), o.maxLoadedModels,
+    (id) => metrics.observer(id), (m) => log.info(m));
+  const store = new KeyStore(o.db);
+  const auth = new Authenticator(store, o.apiKey ?? null);
+  const server = buildServer({ manager, auth, store, logger: log, metrics, bodyLimit: o.bodyLimit, protectMetrics: o.protectMetrics ?? false });
+  let stopping = false;
+  const stop = (signal: string): void => {
+    if (stopping) return;
+    stopping = true;
+    log.info(`${signal}: draining for up to ${o.shutdownTimeout}s`);
+    server.shutdown(o.shutdownTimeout * 1000).then(() => {
+      store.close();
+      log.info("stopped");
+      process.exit(0);
+    }, (e: unknown) => {
+      log.error({ err: String(e) }, "shutdown failed");
+      process.exit(1);
+    });
+  };
+  process.on("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
+  // Engines are created on first use; check each checkpoint's config now so a bad one fails at start.
+  for (const [id, dir] of models) {
+    const c = readModelConfig(dir);
+    log.info(`model ${id}: ${c.architecture} at ${dir} (engine starts on first request)`);
+  }
+  await server.app.listen({ host: o.host, port: o.port });
+  log.info(`weft listening on http://${o.host}:${(server.app.server.address() as { port: number }).port} ` +
+    `(models: ${[...models.keys()].join(", ")}; auth ${auth.required ? "on" : "off"}; db ${o.db === DEFAULT_DB_PATH ? "default " : ""}${o.db})`);
+}

@@ -1,0 +1,64 @@
+/** Starts the real HTTP server in-process on a loopback port, with the tiny-qwen3 fixture and a real database. */
+import path from "node:path";
+import { Writable } from "node:stream";
+import { pino } from "pino";
+import { EngineManager, DEFAULT_ENGINE_CONFIG, type EngineConfig } from "../../src/engine/engine-manager.js";
+import { Authenticator } from "../../src/server/auth.js";
+import { buildServer, type Server } from "../../src/server/app.js";
+import { Metrics } from "../../src/server/metrics.js";
+import { KeyStore } from "../../src/store/database.js";
+import { completeFixtureModel, tempDir } from "../helpers.js";
+
+export interface TestServer {
+  url: string;
+  server: Server;
+  manager: EngineManager;
+  store: KeyStore;
+  dbFile: string;
+  logs: string[];
+  close(): Promise<void>;
+}
+
+export interface TestServerOptions {
+  engine?: Partial<EngineConfig>;
+  apiKey?: string;
+  bodyLimit?: number;
+  protectMetrics?: boolean;
+}
+
+let modelDir: string | null = null;
+export function fixtureModelDir(): string {
+  modelDir ??= completeFixtureModel("tiny-qwen3");
+  return modelDir;
+}
+
+export async function startServer(o: TestServerOptions = {}): Promise<TestServer> {
+  const logs: string[] = [];
+  const sink = new Writable({ write(chunk: Buffer, _enc, cb) { logs.push(...chunk.toString().trim().split("\n")); cb(); } });
+  const logger = pino({ base: undefined }, sink);
+  const dbFile = path.join(tempDir(), "weft.db");
+  const store = new KeyStore(dbFile);
+  const models = new Map([["tiny", fixtureModelDir()]]);
+  const config: EngineConfig = { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 64 * 2 ** 20, blockSize: 16, maxModelLen: 1024, ...o.engine };
+  const metrics = new Metrics(() => manager);
+  const manager: EngineManager = new EngineManager(models, config, 2, (id) => metrics.observer(id));
+  const auth = new Authenticator(store, o.apiKey ?? null);
+  const server = buildServer({ manager, auth, store, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false });
+  await server.app.listen({ host: "127.0.0.1", port: 0 });
+  const port = (server.app.server.address() as { port: number }).port;
+  return {
+    url: `http://127.0.0.1:${port}`, server, manager, store, dbFile, logs,
+    async close() {
+      await server.shutdown(0);
+      store.close();
+    },
+  };
+}
+
+/** A metric's value from the exposition text (first sample matching name and labels). */
+export async function metric(url: string, name: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith(name + "{") || l.startsWith(name + " "));
+  if (!line) throw new Error(`metric ${name} not found`);
+  return Number(line.split(" ").at(-1));
+}
