@@ -213,3 +213,28 @@ test("health stays open; one log line per request without prompt text", async ()
   for (const k of ["id", "tenant", "model", "priority", "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms", "finish_reason"]) assert.ok(k in line, k);
   assert.ok(!s.logs.some((l) => l.includes(secret)));
 });
+
+test("beyond --max-waiting-requests: 429 with Retry-After, and the accepted requests still complete", async () => {
+  const small = await startServer({ engine: { maxWaitingRequests: 1, maxNumSeqs: 1 } });
+  try {
+    const send = (): Promise<Response> => fetch(`${small.url}/v1/completions`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "tiny", prompt: "Hello", max_tokens: 50, ignore_eos: true }),
+    });
+    const results = await Promise.all(Array.from({ length: 6 }, send));
+    const statuses = results.map((r) => r.status);
+    assert.ok(statuses.includes(429), `statuses ${statuses}`);
+    assert.ok(statuses.includes(200));
+    for (const r of results) {
+      const body = await r.json() as { error?: { type: string }; choices?: unknown[] };
+      if (r.status === 429) {
+        assert.equal(body.error!.type, "rate_limit_error");
+        assert.ok(Number(r.headers.get("retry-after")) > 0);
+      } else {
+        assert.equal(body.choices!.length, 1);
+      }
+    }
+  } finally {
+    await small.close();
+  }
+});

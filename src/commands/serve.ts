@@ -6,8 +6,7 @@ import { pino } from "pino";
 import { DEFAULT_ENGINE_CONFIG, EngineManager, type EngineConfig } from "../engine/engine-manager.js";
 import { makeModel } from "../model/make-model.js";
 import { readModelConfig } from "../model/config.js";
-import { cachedSnapshot, isRepoId, parseModelSpec } from "../model/registry.js";
-import { downloadModel } from "../model/download.js";
+import { parseModelSpec, resolveModelSource } from "../model/registry.js";
 import { Authenticator } from "../server/auth.js";
 import { buildServer } from "../server/app.js";
 import { Metrics } from "../server/metrics.js";
@@ -52,10 +51,7 @@ async function resolveModels(specs: string[], log: pino.Logger): Promise<Map<str
   if (specs.length === 0) models.set(`${DEMO_PRESET}-random`, demoModel(log));
   for (const spec of specs) {
     const { id, source } = parseModelSpec(spec);
-    let dir = source;
-    if (isRepoId(source)) dir = cachedSnapshot(source) ?? (await downloadModel(source, { log: (m) => log.info(m) }));
-    if (!fs.existsSync(path.join(dir, "config.json"))) throw new Error(`--model ${spec}: no config.json in ${dir}`);
-    models.set(id, path.resolve(dir));
+    models.set(id, await resolveModelSource(source, { log: (m) => log.info(m) }));
   }
   return models;
 }

@@ -6,7 +6,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { downloadFile, listFiles, pathsInfo } from "@huggingface/hub";
-import { hubCacheDir } from "./registry.js";
+import { hubCacheDir, repoCacheDir } from "./hub-cache.js";
 
 /** The files a checkpoint needs; everything else in the repo is skipped. */
 const WANTED = /^(config\.json|generation_config\.json|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|model\.safetensors\.index\.json|[^/]*\.safetensors)$/;
@@ -46,7 +46,7 @@ export async function downloadModel(repo: string, o: DownloadOptions = {}): Prom
   const accessToken = o.token ?? process.env.HF_TOKEN;
   const creds = { repo, hubUrl, ...(accessToken ? { accessToken } : {}) };
   const progress = o.progress ?? process.stderr;
-  const storage = path.join(o.cacheDir ?? hubCacheDir(), `models--${repo.replace("/", "--")}`);
+  const storage = repoCacheDir(repo, o.cacheDir ?? hubCacheDir());
 
   const files: string[] = [];
   for await (const entry of listFiles({ ...creds, revision, recursive: true })) {
