@@ -8,6 +8,7 @@ import { serve } from "./commands/serve.js";
 import { keysCommand } from "./commands/keys.js";
 import { DEFAULT_DB_PATH } from "./store/database.js";
 import { DEFAULT_ENGINE_CONFIG } from "./engine/engine-manager.js";
+import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 
 export function intArg(name: string, min = 0): (v: string) => number {
   return (v) => {
@@ -83,6 +84,26 @@ program
   .action(serve);
 
 program.addCommand(keysCommand());
+
+const intList = (name: string) => (v: string): number[] => v.split(",").map((x) => intArg(name, 1)(x.trim()));
+const bench = program.command("bench").description("measure throughput and latency");
+bench
+  .command("offline", { isDefault: true })
+  .description("the engine in-process (the default: `weft bench --model DIR ...`)")
+  .requiredOption("--model <dir>", "model directory")
+  .option("--concurrency <list>", "concurrency levels", intList("--concurrency"), [1, 4, 16, 32])
+  .option("--num-prompts <n>", "requests per level", intArg("--num-prompts", 1), 32)
+  .option("--prompt-len <n>", "prompt tokens (random ids); absent: the built-in prompt set", intArg("--prompt-len", 1))
+  .option("--output-len <n>", "tokens generated per request (EOS ignored)", intArg("--output-len", 1), 64)
+  .option("--prefix-len <n>", "tokens shared by all prompts (turns prefix caching on)", intArg("--prefix-len"))
+  .option("--mode <mode>", "sweep | compare (sequential vs all together)", "sweep")
+  .option("--kv-cache-memory <bytes>", "KV cache bytes", intArg("--kv-cache-memory", 1))
+  .option("--max-num-batched-tokens <n>", "tokens per step", intArg("--max-num-batched-tokens", 1))
+  .option("--json <file>", "write the results as JSON")
+  .action(async (o: OfflineBenchOptions) => {
+    if (o.mode !== "sweep" && o.mode !== "compare") throw new InvalidArgumentError("--mode must be sweep or compare");
+    await offlineBench(o);
+  });
 
 program.parseAsync().catch((e: unknown) => {
   process.stderr.write(`weft: ${e instanceof Error ? e.message : String(e)}\n`);

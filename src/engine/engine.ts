@@ -37,7 +37,8 @@ export interface EngineObserver {
   interTokenLatency?(s: number): void;
   e2eLatency?(s: number): void;
   queueTime?(s: number): void;
-  step?(s: number, numTokens: number): void;
+  /** A step's duration and its rows: decode rows (one new token of a generating request) and prefill rows. */
+  step?(s: number, rows: { prefill: number; decode: number }): void;
   finished?(r: Request): void;
 }
 
@@ -198,7 +199,8 @@ export class Engine {
     try {
       const result = await this.runner.execute(seqs, inject);
       this.steps++;
-      this.observer.step?.(this.now() - start, seqs.reduce((n, s) => n + s.tokenIds.length, 0));
+      const decode = scheduled.filter((s) => s.request.outputTokenIds.length > 0 && s.numTokens === 1 && s.request.numComputedTokens === s.request.numTokens - 1).length;
+      this.observer.step?.(this.now() - start, { decode, prefill: seqs.reduce((n, s) => n + s.tokenIds.length, 0) - decode });
       return result;
     } catch (e) {
       const message = e instanceof Error ? e.message : String(e);

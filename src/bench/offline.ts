@@ -1,0 +1,103 @@
+/**
+ * `weft bench`: the engine in-process, driven at fixed concurrency levels.
+ * Every request generates exactly `outputLen` tokens (EOS ignored).
+ */
+import fs from "node:fs";
+import { createModel, DEFAULT_ENGINE_CONFIG, type LoadedModel } from "../engine/engine-manager.js";
+import { defaultSamplingParams } from "../engine/sampling-params.js";
+import { machineInfo, modelInfo } from "./machine.js";
+import { attributeStep, speedup, summarize, table, type BenchResult, type RequestTiming, type StepTotals } from "./stats.js";
+import { builtinPrompts, syntheticPrompts } from "./workload.js";
+
+export interface OfflineBenchOptions {
+  model: string;
+  concurrency: number[];
+  numPrompts: number;
+  promptLen?: number;
+  outputLen: number;
+  prefixLen?: number;
+  mode: "sweep" | "compare";
+  json?: string;
+  kvCacheMemory?: number;
+  maxNumBatchedTokens?: number;
+  /** Print progress and tables (off in tests). */
+  quiet?: boolean;
+}
+
+export const RESULT_COLUMNS = ["concurrency", "requests", "prompt_tokens", "completion_tokens", "wall_seconds", "decode_tokens_per_second",
+  "prefill_tokens_per_second", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_mean_ms",
+  "e2e_p50_ms", "e2e_p99_ms", "peak_rss_mb"] as const;
+
+/** Runs `prompts` through the engine, at most `concurrency` at a time. */
+async function runLevel(m: LoadedModel, prompts: number[][], outputLen: number, concurrency: number, steps: StepTotals): Promise<{ timings: RequestTiming[]; wall: number }> {
+  const timings: RequestTiming[] = [];
+  let next = 0;
+  const start = performance.now() / 1000;
+  const worker = async (): Promise<void> => {
+    while (next < prompts.length) {
+      const prompt = prompts[next++]!;
+      const t: RequestTiming = { sent: performance.now() / 1000, tokenTimes: [], promptTokens: prompt.length, completionTokens: 0 };
+      const params = defaultSamplingParams({ temperature: 0, maxTokens: outputLen, ignoreEos: true });
+      for await (const o of m.engine.add({ promptTokenIds: prompt, params })) {
+        const now = performance.now() / 1000;
+        for (let i = 0; i < o.tokenIds.length; i++) t.tokenTimes.push(now);
+        t.completionTokens += o.tokenIds.length;
+        if (o.finished && o.finishReason !== "length") throw new Error(`bench request ended with ${o.finishReason}: ${o.error ?? ""}`);
+      }
+      timings.push(t);
+    }
+  };
+  Object.assign(steps, { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 });
+  await Promise.all(Array.from({ length: Math.min(concurrency, prompts.length) }, worker));
+  return { timings, wall: performance.now() / 1000 - start };
+}
+
+export interface OfflineBenchReport {
+  machine: ReturnType<typeof machineInfo>;
+  model: ReturnType<typeof modelInfo>;
+  workload: Record<string, unknown>;
+  results: BenchResult[];
+  speedup?: number;
+}
+
+export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBenchReport> {
+  const say = (s: string): void => void (o.quiet || process.stderr.write(`${s}\n`));
+  const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
+  const levels = o.mode === "compare" ? [1, o.numPrompts] : o.concurrency;
+  const maxSeqs = Math.max(...levels);
+  const m = createModel("bench", o.model, {
+    ...DEFAULT_ENGINE_CONFIG, maxNumSeqs: maxSeqs, kvCacheMemory: o.kvCacheMemory ?? DEFAULT_ENGINE_CONFIG.kvCacheMemory,
+    maxNumBatchedTokens: o.maxNumBatchedTokens ?? DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens,
+    maxWaitingRequests: Math.max(DEFAULT_ENGINE_CONFIG.maxWaitingRequests, o.numPrompts),
+    // Every level reruns the same prompts: caching would turn later levels' prefill into cache hits.
+    // Only a prefix workload (--prefix-len) measures the cache, within each level.
+    enablePrefixCaching: (o.prefixLen ?? 0) > 0,
+  }, { step: (s, rows) => attributeStep(steps, s, rows) }, say);
+  const vocab = m.checkpoint.config.vocab;
+  const prompts = o.promptLen
+    ? syntheticPrompts({ numPrompts: o.numPrompts, promptLen: o.promptLen, prefixLen: o.prefixLen ?? 0, vocab })
+    : builtinPrompts(o.numPrompts, (t) => (m.tokenizer ? m.tokenizer.encodeChat([{ role: "user", content: t }]) : syntheticPrompts({ numPrompts: 1, promptLen: 16, vocab })[0]!));
+  // One short warm-up request: page the weights in and size the buffers outside the timings.
+  await runLevel(m, [prompts[0]!.slice(0, 8)], 2, 1, steps);
+  const results: BenchResult[] = [];
+  for (const c of levels) {
+    say(`concurrency ${c}: ${prompts.length} requests × ${o.outputLen} tokens…`);
+    const { timings, wall } = await runLevel(m, prompts, o.outputLen, c, steps);
+    results.push(summarize(c, timings, wall, steps, process.resourceUsage().maxRSS * 1024));
+  }
+  const report: OfflineBenchReport = {
+    machine: machineInfo(), model: modelInfo(m.checkpoint),
+    workload: { num_prompts: o.numPrompts, prompt_len: o.promptLen ?? "builtin", output_len: o.outputLen, prefix_len: o.prefixLen ?? 0, mode: o.mode },
+    results,
+  };
+  if (o.mode === "compare") report.speedup = speedup(results[0]!, results[1]!);
+  if (!o.quiet) {
+    console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores, kernels ${report.machine.kernels}`);
+    console.log(`model: ${report.model.architecture} ${report.model.layers} layers, hidden ${report.model.hidden}, ${report.model.weight_dtype}, ${report.model.weight_gb} GB`);
+    console.log(`workload: ${JSON.stringify(report.workload)}`);
+    console.log(table(results as unknown as Record<string, unknown>[], RESULT_COLUMNS));
+    if (report.speedup !== undefined) console.log(`speedup (all ${o.numPrompts} together vs one at a time, output tok/s): ${report.speedup}×`);
+  }
+  if (o.json) fs.writeFileSync(o.json, JSON.stringify(report, null, 2));
+  return report;
+}
