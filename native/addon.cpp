@@ -215,7 +215,8 @@ class StepWorker : public Napi::AsyncWorker {
 class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
  public:
   static Napi::Function define(Napi::Env env) {
-    return DefineClass(env, "Model", {InstanceMethod("step", &ModelWrap::step), InstanceMethod("info", &ModelWrap::info)});
+    return DefineClass(env, "Model", {InstanceMethod("step", &ModelWrap::step), InstanceMethod("info", &ModelWrap::info),
+                                      InstanceMethod("takeProfile", &ModelWrap::takeProfile)});
   }
   explicit ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {
     if (!info[0].IsObject()) throw Napi::TypeError::New(info.Env(), "Model(spec) needs a spec object");
@@ -258,6 +259,20 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     r.Set("isa", activeKernels().name);
     r.Set("threads", omp_get_max_threads());
     r.Set("kvCacheBytes", static_cast<double>(model_->kvCacheBytes()));
+    return r;
+  }
+
+  // Seconds per kind of work since the last call (a step in flight finishes first).
+  Napi::Value takeProfile(const Napi::CallbackInfo& info) {
+    Profile p = model_->takeProfile();
+    Napi::Object r = Napi::Object::New(info.Env());
+    r.Set("matmul", p.matmul);
+    r.Set("attention", p.attention);
+    r.Set("lmHead", p.lmHead);
+    r.Set("sampling", p.sampling);
+    r.Set("other", p.other);
+    r.Set("steps", static_cast<double>(p.steps));
+    r.Set("tokens", static_cast<double>(p.tokens));
     return r;
   }
 

@@ -9,11 +9,28 @@ namespace weft {
 
 enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
 
-// y[t, n] = sum_k x[t, k] * w[n, k] for columns n in [n0, n1), all rows t < T.
-// Every output element is reduced in the same order whatever T is: this is
-// what makes a sequence's logits independent of its batch.
-using MatmulFn = void (*)(const float* x, int T, int K, const void* w, DType dtype,
-                          float* y, int N, int n0, int n1);
+inline size_t dtypeBytes(DType d) { return d == DType::F32 ? 4 : 2; }
+
+// Columns per packed group: a kernel tile is this many output columns wide.
+constexpr int kPackCols = 4;
+
+// A weight matrix (N outputs × K inputs) repacked for streaming: groups of
+// kPackCols rows, each group stored chunk by chunk — [N/4][K/L][4][L] in the
+// stored dtype (no widening), zero-padded to whole groups and chunks. A
+// kernel tile then reads one contiguous stream, which is what lets a single
+// decode sequence run at the memory's bandwidth.
+struct PackedMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int N = 0, K = 0;    // logical shape
+  int Np = 0, Kp = 0;  // padded to kPackCols and to the chunk length
+};
+
+// y[t, n] = sum_k x[t, k] * w[n, k] for the column groups [g0, g1), all rows
+// t < T. `xp` holds the rows packed by packActivations. Every output element
+// is reduced in the same order whatever T is: a sequence's results do not
+// depend on its batch.
+using MatmulFn = void (*)(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
 // sum_i a[i] * b[i], fixed order.
 using DotFn = float (*)(const float* a, const float* b, int n);
 // y[i] += alpha * x[i]
@@ -21,6 +38,9 @@ using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
 struct Kernels {
   const char* name;
+  // Elements per chunk (two vector widths): bf16 chunks are split into even
+  // and odd elements in registers, so activations are packed to match.
+  int chunk;
   MatmulFn matmul;
   DotFn dot;
   AxpyFn axpy;
@@ -33,6 +53,10 @@ const Kernels& kernelsScalar();
 // The kernels in use: AVX-512 when the CPU has it, else AVX2, else scalar.
 // WEFT_ISA=avx2|scalar|avx512 forces one (an unsupported choice is refused).
 const Kernels& activeKernels();
+
+// Rows of x (T × K) → the layout the kernels read (T × Kp): for bf16 weights
+// each chunk holds its even elements then its odd ones; otherwise natural order.
+void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weightDtype, float* out);
 
 // Widening loads shared by the scalar paths.
 inline float bf16ToF32(uint16_t h) {

@@ -8,22 +8,23 @@
 namespace weft {
 namespace {
 
-template <DType D>
-inline __m256 loadW(const void* w, size_t i) {
-  if constexpr (D == DType::F32) {
-    return _mm256_loadu_ps(static_cast<const float*>(w) + i);
-  } else {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
-    if constexpr (D == DType::F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-}
+constexpr int L = 16;  // elements per chunk: two 8-lane halves
 
 template <DType D>
-inline float scalarW(const void* w, size_t i) {
-  if constexpr (D == DType::F32) return static_cast<const float*>(w)[i];
-  else if constexpr (D == DType::F16) return f16ToF32(static_cast<const uint16_t*>(w)[i]);
-  else return bf16ToF32(static_cast<const uint16_t*>(w)[i]);
+inline void loadChunk(const void* w, size_t at, __m256& lo, __m256& hi) {
+  if constexpr (D == DType::F32) {
+    const float* p = static_cast<const float*>(w) + at;
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
+  } else if constexpr (D == DType::F16) {
+    const uint16_t* p = static_cast<const uint16_t*>(w) + at;
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  } else {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + at));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
 }
 
 inline float hsum(__m256 v) {
@@ -33,57 +34,53 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// An R x C tile; one accumulator per output over 8-wide steps, then a scalar tail.
-template <DType D, int R, int C>
-inline void tile(const float* x, int K, const void* w, float* y, int N, int t0, int n0) {
-  __m256 acc[R][C];
+// R rows × one column group; the per-output sequence of operations is the same for every R.
+// x is held in registers and weights loaded one column at a time: 16 registers are few.
+template <DType D, int R>
+inline void tile(const float* xp, int T0, const PackedMatrix& w, int g, float* y) {
+  __m256 acc[R][kPackCols];
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-  int kv = K & ~7;
-  for (int k = 0; k < kv; k += 8) {
-    __m256 wv[C];
-    for (int c = 0; c < C; c++) wv[c] = loadW<D>(w, static_cast<size_t>(n0 + c) * K + k);
+    for (int c = 0; c < kPackCols; c++) acc[r][c] = _mm256_setzero_ps();
+  const size_t base = static_cast<size_t>(g) * kPackCols * w.Kp;
+  for (int k = 0; k < w.Kp; k += L) {
+    __m256 xl[R], xh[R];
     for (int r = 0; r < R; r++) {
-      __m256 xv = _mm256_loadu_ps(x + static_cast<size_t>(t0 + r) * K + k);
-      for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      const float* xr = xp + static_cast<size_t>(T0 + r) * w.Kp + k;
+      xl[r] = _mm256_loadu_ps(xr);
+      xh[r] = _mm256_loadu_ps(xr + 8);
+    }
+    for (int c = 0; c < kPackCols; c++) {
+      __m256 lo, hi;
+      loadChunk<D>(w.data, base + static_cast<size_t>(k) * kPackCols + c * L, lo, hi);
+      for (int r = 0; r < R; r++) {
+        acc[r][c] = _mm256_fmadd_ps(xl[r], lo, acc[r][c]);
+        acc[r][c] = _mm256_fmadd_ps(xh[r], hi, acc[r][c]);
+      }
     }
   }
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++) {
-      float s = hsum(acc[r][c]);
-      const float* xr = x + static_cast<size_t>(t0 + r) * K;
-      for (int k = kv; k < K; k++) s += xr[k] * scalarW<D>(w, static_cast<size_t>(n0 + c) * K + k);
-      y[static_cast<size_t>(t0 + r) * N + n0 + c] = s;
-    }
-}
-
-template <DType D, int R>
-inline void rowGroup(const float* x, int K, const void* w, float* y, int N, int t0, int n0, int n1) {
-  int n = n0;
-  for (; n + 4 <= n1; n += 4) tile<D, R, 4>(x, K, w, y, N, t0, n);
-  for (; n < n1; n++) tile<D, R, 1>(x, K, w, y, N, t0, n);
+    for (int c = 0; c < kPackCols && g * kPackCols + c < w.N; c++)
+      y[static_cast<size_t>(T0 + r) * w.N + g * kPackCols + c] = hsum(acc[r][c]);
 }
 
 template <DType D>
-void matmulTyped(const float* x, int T, int K, const void* w, float* y, int N, int n0, int n1) {
+void matmulTyped(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   constexpr int kRowBlock = 64;
-  constexpr int kColBlock = 64;
   for (int tb = 0; tb < T; tb += kRowBlock) {
     int te = tb + kRowBlock < T ? tb + kRowBlock : T;
-    for (int nb = n0; nb < n1; nb += kColBlock) {
-      int ne = nb + kColBlock < n1 ? nb + kColBlock : n1;
+    for (int g = g0; g < g1; g++) {
       int t = tb;
-      for (; t + 2 <= te; t += 2) rowGroup<D, 2>(x, K, w, y, N, t, nb, ne);
-      for (; t < te; t++) rowGroup<D, 1>(x, K, w, y, N, t, nb, ne);
+      for (; t + 2 <= te; t += 2) tile<D, 2>(xp, t, w, g, y);
+      for (; t < te; t++) tile<D, 1>(xp, t, w, g, y);
     }
   }
 }
 
-void matmul(const float* x, int T, int K, const void* w, DType dtype, float* y, int N, int n0, int n1) {
-  switch (dtype) {
-    case DType::F32: return matmulTyped<DType::F32>(x, T, K, w, y, N, n0, n1);
-    case DType::F16: return matmulTyped<DType::F16>(x, T, K, w, y, N, n0, n1);
-    case DType::BF16: return matmulTyped<DType::BF16>(x, T, K, w, y, N, n0, n1);
+void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  switch (w.dtype) {
+    case DType::F32: return matmulTyped<DType::F32>(xp, T, w, y, g0, g1);
+    case DType::F16: return matmulTyped<DType::F16>(xp, T, w, y, g0, g1);
+    case DType::BF16: return matmulTyped<DType::BF16>(xp, T, w, y, g0, g1);
   }
 }
 
@@ -107,7 +104,7 @@ void axpy(float alpha, const float* x, float* y, int n) {
 }  // namespace
 
 const Kernels& kernelsAvx2() {
-  static const Kernels k{"avx2", matmul, dot, axpy};
+  static const Kernels k{"avx2", L, matmul, dot, axpy};
   return k;
 }
 

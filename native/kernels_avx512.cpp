@@ -11,64 +11,69 @@
 namespace weft {
 namespace {
 
+constexpr int L = 32;  // elements per chunk: two 16-lane halves
+
+// One chunk of one packed column → two fp32 vectors (for bf16: even and odd elements).
 template <DType D>
-inline __m512 loadW(const void* w, size_t i, __mmask16 m) {
+inline void loadChunk(const void* w, size_t at, __m512& lo, __m512& hi) {
   if constexpr (D == DType::F32) {
-    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(w) + i);
+    const float* p = static_cast<const float*>(w) + at;
+    lo = _mm512_loadu_ps(p);
+    hi = _mm512_loadu_ps(p + 16);
+  } else if constexpr (D == DType::F16) {
+    const uint16_t* p = static_cast<const uint16_t*>(w) + at;
+    lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
   } else {
-    __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(w) + i);
-    if constexpr (D == DType::F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    __m512i v = _mm512_loadu_si512(static_cast<const uint16_t*>(w) + at);
+    lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
 }
 
-// An R x C tile of outputs; one accumulator per output, K walked in steps of 16.
-template <DType D, int R, int C>
-inline void tile(const float* x, int K, const void* w, float* y, int N, int t0, int n0) {
-  __m512 acc[R][C];
+// R rows × one column group. Per output: acc = fma(x_lo, w_lo, acc); acc = fma(x_hi, w_hi, acc)
+// chunk after chunk, then one horizontal sum — the same sequence for every R.
+template <DType D, int R>
+inline void tile(const float* xp, int T0, const PackedMatrix& w, int g, float* y) {
+  __m512 acc[R][kPackCols];
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-  for (int k = 0; k < K; k += 16) {
-    __mmask16 m = K - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (K - k)) - 1);
-    __m512 wv[C];
-    for (int c = 0; c < C; c++) wv[c] = loadW<D>(w, static_cast<size_t>(n0 + c) * K + k, m);
+    for (int c = 0; c < kPackCols; c++) acc[r][c] = _mm512_setzero_ps();
+  const size_t base = static_cast<size_t>(g) * kPackCols * w.Kp;
+  for (int k = 0; k < w.Kp; k += L) {
+    __m512 lo[kPackCols], hi[kPackCols];
+    for (int c = 0; c < kPackCols; c++) loadChunk<D>(w.data, base + static_cast<size_t>(k) * kPackCols + c * L, lo[c], hi[c]);
     for (int r = 0; r < R; r++) {
-      __m512 xv = _mm512_maskz_loadu_ps(m, x + static_cast<size_t>(t0 + r) * K + k);
-      for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+      const float* xr = xp + static_cast<size_t>(T0 + r) * w.Kp + k;
+      __m512 xl = _mm512_loadu_ps(xr), xh = _mm512_loadu_ps(xr + 16);
+      for (int c = 0; c < kPackCols; c++) {
+        acc[r][c] = _mm512_fmadd_ps(xl, lo[c], acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(xh, hi[c], acc[r][c]);
+      }
     }
   }
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++)
-      y[static_cast<size_t>(t0 + r) * N + n0 + c] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-template <DType D, int R>
-inline void rowGroup(const float* x, int K, const void* w, float* y, int N, int t0, int n0, int n1) {
-  int n = n0;
-  for (; n + 4 <= n1; n += 4) tile<D, R, 4>(x, K, w, y, N, t0, n);
-  for (; n < n1; n++) tile<D, R, 1>(x, K, w, y, N, t0, n);
+    for (int c = 0; c < kPackCols && g * kPackCols + c < w.N; c++)
+      y[static_cast<size_t>(T0 + r) * w.N + g * kPackCols + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 template <DType D>
-void matmulTyped(const float* x, int T, int K, const void* w, float* y, int N, int n0, int n1) {
-  constexpr int kRowBlock = 64;  // keeps a block of activations in L2 while weight tiles stream
-  constexpr int kColBlock = 64;
+void matmulTyped(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  constexpr int kRowBlock = 64;  // a block of activations stays in L2 while the weights stream past
   for (int tb = 0; tb < T; tb += kRowBlock) {
     int te = tb + kRowBlock < T ? tb + kRowBlock : T;
-    for (int nb = n0; nb < n1; nb += kColBlock) {
-      int ne = nb + kColBlock < n1 ? nb + kColBlock : n1;
+    for (int g = g0; g < g1; g++) {
       int t = tb;
-      for (; t + 4 <= te; t += 4) rowGroup<D, 4>(x, K, w, y, N, t, nb, ne);
-      for (; t < te; t++) rowGroup<D, 1>(x, K, w, y, N, t, nb, ne);
+      for (; t + 4 <= te; t += 4) tile<D, 4>(xp, t, w, g, y);
+      for (; t < te; t++) tile<D, 1>(xp, t, w, g, y);
     }
   }
 }
 
-void matmul(const float* x, int T, int K, const void* w, DType dtype, float* y, int N, int n0, int n1) {
-  switch (dtype) {
-    case DType::F32: return matmulTyped<DType::F32>(x, T, K, w, y, N, n0, n1);
-    case DType::F16: return matmulTyped<DType::F16>(x, T, K, w, y, N, n0, n1);
-    case DType::BF16: return matmulTyped<DType::BF16>(x, T, K, w, y, N, n0, n1);
+void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  switch (w.dtype) {
+    case DType::F32: return matmulTyped<DType::F32>(xp, T, w, y, g0, g1);
+    case DType::F16: return matmulTyped<DType::F16>(xp, T, w, y, g0, g1);
+    case DType::BF16: return matmulTyped<DType::BF16>(xp, T, w, y, g0, g1);
   }
 }
 
@@ -93,7 +98,7 @@ void axpy(float alpha, const float* x, float* y, int n) {
 }  // namespace
 
 const Kernels& kernelsAvx512() {
-  static const Kernels k{"avx512", matmul, dot, axpy};
+  static const Kernels k{"avx512", L, matmul, dot, axpy};
   return k;
 }
 

@@ -30,6 +30,8 @@ float f16ToF32(uint16_t h) {
 
 namespace {
 
+constexpr int L = 16;  // the AVX2 layout: chunks of two 8-element halves
+
 float weightAt(const void* w, DType dtype, size_t i) {
   switch (dtype) {
     case DType::F32: return static_cast<const float*>(w)[i];
@@ -39,13 +41,23 @@ float weightAt(const void* w, DType dtype, size_t i) {
   return 0.0f;
 }
 
-void matmul(const float* x, int T, int K, const void* w, DType dtype, float* y, int N, int n0, int n1) {
+// Reads the packed chunks lane by lane; bf16 chunks are split into even and odd
+// halves as the vector kernels do, so x (packed to match) lines up.
+void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   for (int t = 0; t < T; t++)
-    for (int n = n0; n < n1; n++) {
-      float s = 0.0f;
-      for (int k = 0; k < K; k++) s += x[static_cast<size_t>(t) * K + k] * weightAt(w, dtype, static_cast<size_t>(n) * K + k);
-      y[static_cast<size_t>(t) * N + n] = s;
-    }
+    for (int g = g0; g < g1; g++)
+      for (int c = 0; c < kPackCols && g * kPackCols + c < w.N; c++) {
+        float s = 0.0f;
+        for (int k = 0; k < w.Kp; k += L) {
+          size_t at = (static_cast<size_t>(g) * kPackCols * w.Kp) + static_cast<size_t>(k) * kPackCols + c * L;
+          const float* x = xp + static_cast<size_t>(t) * w.Kp + k;
+          for (int i = 0; i < L; i++) {
+            int src = w.dtype == DType::BF16 ? (i < L / 2 ? 2 * i : 2 * (i - L / 2) + 1) : i;
+            s += x[i] * weightAt(w.data, w.dtype, at + src);
+          }
+        }
+        y[static_cast<size_t>(t) * w.N + g * kPackCols + c] = s;
+      }
 }
 
 float dot(const float* a, const float* b, int n) {
@@ -79,8 +91,26 @@ const Kernels& select() {
 
 }  // namespace
 
+void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weightDtype, float* out) {
+  const int half = chunk / 2;
+  for (int t = 0; t < T; t++) {
+    const float* xr = x + static_cast<size_t>(t) * K;
+    float* o = out + static_cast<size_t>(t) * Kp;
+    if (weightDtype != DType::BF16) {
+      for (int k = 0; k < Kp; k++) o[k] = k < K ? xr[k] : 0.0f;
+      continue;
+    }
+    for (int c = 0; c < Kp; c += chunk)
+      for (int i = 0; i < half; i++) {
+        int even = c + 2 * i, odd = even + 1;
+        o[c + i] = even < K ? xr[even] : 0.0f;
+        o[c + half + i] = odd < K ? xr[odd] : 0.0f;
+      }
+  }
+}
+
 const Kernels& kernelsScalar() {
-  static const Kernels k{"scalar", matmul, dot, axpy};
+  static const Kernels k{"scalar", L, matmul, dot, axpy};
   return k;
 }
 

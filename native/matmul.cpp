@@ -4,18 +4,19 @@
 
 namespace weft {
 
-void matmulParallel(const Kernels& k, const float* x, int T, const Tensor& w, float* y) {
-  const int N = w.rows, K = w.cols;
-  // Columns are split in 16-wide groups so every thread's share is whole tiles;
-  // each output element is reduced by one thread in a fixed order.
+void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
+  if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
+  packActivations(x, T, w.K, w.Kp, k.chunk, w.dtype, scratch.data());
+  const float* xp = scratch.data();
+  const int groups = w.Np / kPackCols;
+  // Each thread takes a contiguous run of column groups; every output element
+  // is reduced by one thread in a fixed order.
 #pragma omp parallel
   {
     int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    int groups = (N + 15) / 16;
     int g0 = static_cast<int>(static_cast<long>(groups) * id / nt);
     int g1 = static_cast<int>(static_cast<long>(groups) * (id + 1) / nt);
-    int n0 = g0 * 16, n1 = g1 * 16 < N ? g1 * 16 : N;
-    if (n0 < n1) k.matmul(x, T, K, w.data, w.dtype, y, N, n0, n1);
+    if (g0 < g1) k.matmul(xp, T, w, y, g0, g1);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "model.h"
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -16,10 +17,29 @@ void grow(std::vector<float>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// Adds the time since construction to `into` when it goes out of scope.
+class Timer {
+ public:
+  explicit Timer(double& into) : into_(into), start_(std::chrono::steady_clock::now()) {}
+  ~Timer() { into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 }  // namespace
 
 Model::Model(ModelConfig config, Weights weights)
     : cfg_(std::move(config)), w_(std::move(weights)), k_(activeKernels()) {
+  const int chunk = k_.chunk;
+  for (const LayerWeights& L : w_.layers) {
+    packed_.push_back({store_.pack(L.wq, chunk), store_.pack(L.wk, chunk), store_.pack(L.wv, chunk), store_.pack(L.wo, chunk),
+                       store_.pack(L.gate, chunk), store_.pack(L.up, chunk), store_.pack(L.down, chunk)});
+    for (const Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) releasePages(*t);
+  }
+  lmHead_ = store_.pack(w_.lmHead, chunk);
+  if (w_.lmHead.data != w_.embed.data) releasePages(w_.lmHead);  // a tied head is still the embedding table
   size_t perLayer = static_cast<size_t>(cfg_.numBlocks) * cfg_.blockSize * cfg_.kvHeads * cfg_.headDim;
   kCache_.assign(perLayer * cfg_.layers, 0.0f);
   vCache_.assign(perLayer * cfg_.layers, 0.0f);
@@ -61,23 +81,32 @@ void Model::validate(const StepInput& in) const {
               static_cast<size_t>(in.outputOffsets[S]) <= in.outputTokens.size(), "penalty offsets past their tokens");
 }
 
-void Model::linear(const float* x, int T, const Tensor& w, const Tensor& bias, float* y) {
-  matmulParallel(k_, x, T, w, y);
+Profile Model::takeProfile() {
+  std::lock_guard<std::mutex> lock(profileMutex_);
+  Profile p = profile_;
+  profile_ = Profile{};
+  return p;
+}
+
+void Model::linear(const float* x, int T, const PackedMatrix& w, const Tensor& bias, float* y) {
+  Timer t(profile_.matmul);
+  matmulParallel(k_, x, T, w, y, xpack_);
   if (!bias) return;
   for (int t = 0; t < T; t++)
-    for (int n = 0; n < w.rows; n++) y[static_cast<size_t>(t) * w.rows + n] += bias.at(n);
+    for (int n = 0; n < w.N; n++) y[static_cast<size_t>(t) * w.N + n] += bias.at(n);
 }
 
 void Model::layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq) {
   const LayerWeights& L = w_.layers[l];
+  const PackedLayer& P = packed_[l];
   const int T = static_cast<int>(in.tokens.size()), H = cfg_.hidden, hd = cfg_.headDim;
   const int kvDim = cfg_.kvHeads * hd;
 
   // Attention block: norm → q/k/v → (q/k norm) → rope → cache write → paged attention → out proj.
   rmsnorm(x_.data(), L.attnNorm, xn_.data(), T, H, cfg_.rmsEps);
-  linear(xn_.data(), T, L.wq, L.bq, q_.data());
-  linear(xn_.data(), T, L.wk, L.bk, kv_k_.data());
-  linear(xn_.data(), T, L.wv, L.bv, kv_v_.data());
+  linear(xn_.data(), T, P.wq, L.bq, q_.data());
+  linear(xn_.data(), T, P.wk, L.bk, kv_k_.data());
+  linear(xn_.data(), T, P.wv, L.bv, kv_v_.data());
   if (L.qNorm) rmsnorm(q_.data(), L.qNorm, q_.data(), T * cfg_.heads, hd, cfg_.rmsEps);
   if (L.kNorm) rmsnorm(kv_k_.data(), L.kNorm, kv_k_.data(), T * cfg_.kvHeads, hd, cfg_.rmsEps);
   rope(q_.data(), T, cfg_.heads, hd, cos_.data(), sin_.data());
@@ -95,24 +124,30 @@ void Model::layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq
 
   AttentionArgs a{q_.data(), attn_.data(), kc, vc, in.positions.data(), rowSeq.data(), in.blockTables.data(),
                   T, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd))};
-  pagedAttention(k_, a);
-  linear(attn_.data(), T, L.wo, Tensor{}, tmp_.data());
+  {
+    Timer t(profile_.attention);
+    pagedAttention(k_, a);
+  }
+  linear(attn_.data(), T, P.wo, Tensor{}, tmp_.data());
   for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
 
   // MLP block: norm → gate/up → SiLU(gate)·up → down.
   rmsnorm(x_.data(), L.mlpNorm, xn_.data(), T, H, cfg_.rmsEps);
-  linear(xn_.data(), T, L.gate, Tensor{}, gate_.data());
-  linear(xn_.data(), T, L.up, Tensor{}, up_.data());
+  linear(xn_.data(), T, P.gate, Tensor{}, gate_.data());
+  linear(xn_.data(), T, P.up, Tensor{}, up_.data());
   for (size_t i = 0; i < static_cast<size_t>(T) * cfg_.intermediate; i++) {
     float g = gate_[i];
     gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
   }
-  linear(gate_.data(), T, L.down, Tensor{}, tmp_.data());
+  linear(gate_.data(), T, P.down, Tensor{}, tmp_.data());
   for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
 }
 
 StepOutput Model::step(const StepInput& in) {
   validate(in);
+  std::lock_guard<std::mutex> lock(profileMutex_);
+  const auto stepStart = std::chrono::steady_clock::now();
+  const Profile before = profile_;
   const int T = static_cast<int>(in.tokens.size()), H = cfg_.hidden, hd = cfg_.headDim, half = hd / 2;
   const int S = static_cast<int>(in.sampleRows.size());
   grow(x_, static_cast<size_t>(T) * H);
@@ -145,7 +180,11 @@ StepOutput Model::step(const StepInput& in) {
   for (int i = 0; i < S; i++)
     std::copy_n(x_.data() + static_cast<size_t>(in.sampleRows[i]) * H, H, rows.data() + static_cast<size_t>(i) * H);
   rmsnorm(rows.data(), w_.finalNorm, rows.data(), S, H, cfg_.rmsEps);
-  if (S > 0) matmulParallel(k_, rows.data(), S, w_.lmHead, logits.data());
+  if (S > 0) {
+    Timer t(profile_.lmHead);
+    matmulParallel(k_, rows.data(), S, lmHead_, logits.data(), xpack_);
+  }
+  const auto sampleStart = std::chrono::steady_clock::now();
 
   StepOutput out;
   out.tokens.resize(S);
@@ -168,6 +207,14 @@ StepOutput Model::step(const StepInput& in) {
       out.logprobs[i] = s.logprob;
     }
   }
+  const auto end = std::chrono::steady_clock::now();
+  profile_.sampling += std::chrono::duration<double>(end - sampleStart).count();
+  const double total = std::chrono::duration<double>(end - stepStart).count();
+  const double accounted = (profile_.matmul - before.matmul) + (profile_.attention - before.attention) +
+                           (profile_.lmHead - before.lmHead) + (profile_.sampling - before.sampling);
+  profile_.other += total - accounted;
+  profile_.steps++;
+  profile_.tokens += T;
   if (in.returnLogits) out.logits = std::move(logits);
   return out;
 }

@@ -1,6 +1,7 @@
 // The transformer (Llama / Mistral / Qwen2 / Qwen3 family) and its paged KV cache.
 #pragma once
 #include <cstdint>
+#include <mutex>
 #include <vector>
 #include "kernels.h"
 #include "sampling.h"
@@ -42,21 +43,39 @@ struct StepOutput {
   std::vector<float> logits;         // (S * vocab) when asked
 };
 
+// Seconds spent per kind of work since the last read: the profile behind docs/PERFORMANCE.md.
+struct Profile {
+  double matmul = 0, attention = 0, lmHead = 0, sampling = 0, other = 0;
+  long steps = 0, tokens = 0;
+};
+
 class Model {
  public:
   Model(ModelConfig config, Weights weights);
   StepOutput step(const StepInput& in);
   size_t kvCacheBytes() const { return kCache_.size() * sizeof(float) * 2; }
   const ModelConfig& config() const { return cfg_; }
+  Profile takeProfile();
 
  private:
   void validate(const StepInput& in) const;
   void layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq);
-  void linear(const float* x, int T, const Tensor& w, const Tensor& bias, float* y);
+  void linear(const float* x, int T, const PackedMatrix& w, const Tensor& bias, float* y);
 
+  // The linear layers repacked for the kernels (see PackedMatrix); norms and
+  // biases are read from the mapped files.
+  struct PackedLayer {
+    PackedMatrix wq, wk, wv, wo, gate, up, down;
+  };
+
+  Profile profile_;
+  std::mutex profileMutex_;
   ModelConfig cfg_;
   Weights w_;
   const Kernels& k_;
+  PackedStore store_;
+  std::vector<PackedLayer> packed_;
+  PackedMatrix lmHead_;
   // K/V pools per layer: (layers, numBlocks, blockSize, kvHeads, headDim).
   // Stored as fp32: a step reads each cached row once per query head group,
   // and at the context lengths we serve on a CPU the weight reads dominate
@@ -64,7 +83,7 @@ class Model {
   // the fp32 reference. One contiguous allocation, made once.
   std::vector<float> kCache_, vCache_;
   // Activations, grown to the largest step seen and reused.
-  std::vector<float> x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
+  std::vector<float> xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
 };
 
 }  // namespace weft

@@ -1,13 +1,15 @@
 // The forward pass's primitives, one function each.
 #pragma once
 #include <cstdint>
+#include <vector>
 #include "kernels.h"
 #include "weights.h"
 
 namespace weft {
 
-// y[T, w.rows] = x[T, w.cols] · wᵀ, split across threads by output columns.
-void matmulParallel(const Kernels& k, const float* x, int T, const Tensor& w, float* y);
+// y[T, w.N] = x[T, w.K] · wᵀ, split across threads by column groups.
+// `scratch` holds the packed activations (grown as needed).
+void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch);
 
 // out[T, n] = x * rsqrt(mean(x²) + eps) * weight, row by row (in place allowed).
 void rmsnorm(const float* x, const Tensor& weight, float* out, int T, int n, float eps);

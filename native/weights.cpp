@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -20,6 +21,49 @@ float Tensor::at(size_t i) const {
 void Tensor::rowToF32(int r, float* out) const {
   size_t base = static_cast<size_t>(r) * cols;
   for (int c = 0; c < cols; c++) out[c] = at(base + c);
+}
+
+PackedStore::~PackedStore() {
+  for (auto& r : regions_) munmap(r.addr, r.size);
+}
+
+PackedMatrix PackedStore::pack(const Tensor& t, int chunk) {
+  PackedMatrix p;
+  p.dtype = t.dtype;
+  p.N = t.rows;
+  p.K = t.cols;
+  p.Np = (t.rows + kPackCols - 1) / kPackCols * kPackCols;
+  p.Kp = (t.cols + chunk - 1) / chunk * chunk;
+  const size_t elem = dtypeBytes(t.dtype);
+  const size_t bytes = static_cast<size_t>(p.Np) * p.Kp * elem;
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("out of memory packing a weight matrix");
+  madvise(mem, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming; zero-filled
+  regions_.push_back({mem, bytes});
+  const auto* src = static_cast<const unsigned char*>(t.data);
+  auto* dst = static_cast<unsigned char*>(mem);
+  const int chunks = p.Kp / chunk;
+  // [N/4][K/L][4][L]: element (n, k) of group g = n / 4, column c = n % 4, chunk j = k / L, lane k % L.
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < p.N; n++) {
+    const int g = n / kPackCols, c = n % kPackCols;
+    for (int j = 0; j < chunks; j++) {
+      const int len = std::min(chunk, p.K - j * chunk);
+      if (len <= 0) break;
+      const size_t at = ((static_cast<size_t>(g) * chunks + j) * kPackCols + c) * chunk;
+      std::memcpy(dst + at * elem, src + (static_cast<size_t>(n) * p.K + static_cast<size_t>(j) * chunk) * elem, len * elem);
+    }
+  }
+  p.data = mem;
+  return p;
+}
+
+void releasePages(const Tensor& t) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(t.data);
+  const uintptr_t end = begin + static_cast<size_t>(t.rows) * t.cols * dtypeBytes(t.dtype);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 MappedFiles::~MappedFiles() {

@@ -35,6 +35,21 @@ class MappedFiles {
   std::map<std::string, Mapping> maps_;
 };
 
+// Owns the anonymous memory that packed matrices live in.
+class PackedStore {
+ public:
+  ~PackedStore();
+  // Repacks `t` (N × K) into kernel-tile order, in its own dtype.
+  PackedMatrix pack(const Tensor& t, int chunk);
+
+ private:
+  struct Region { void* addr; size_t size; };
+  std::vector<Region> regions_;
+};
+
+// Gives a tensor's whole pages back to the kernel (it will not be read again).
+void releasePages(const Tensor& t);
+
 struct LayerWeights {
   Tensor attnNorm;                   // (hidden)
   Tensor wq, wk, wv, wo;             // (heads*hd, hidden) (kv*hd, hidden) (kv*hd, hidden) (hidden, heads*hd)

@@ -9,6 +9,7 @@ import { keysCommand } from "./commands/keys.js";
 import { DEFAULT_DB_PATH } from "./store/database.js";
 import { DEFAULT_ENGINE_CONFIG } from "./engine/engine-manager.js";
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
+import { printProfile } from "./bench/profile.js";
 
 export function intArg(name: string, min = 0): (v: string) => number {
   return (v) => {
@@ -105,6 +106,15 @@ bench
     await offlineBench(o);
   });
 
+bench
+  .command("profile")
+  .description("where a step's time goes: decode at several batch sizes, and one prefill")
+  .requiredOption("--model <dir>", "model directory")
+  .option("--batch <list>", "decode batch sizes", intList("--batch"), [1, 16, 32])
+  .option("--context <n>", "cached tokens per decoding sequence", intArg("--context"), 128)
+  .option("--prefill <n>", "prompt tokens of the prefill case (0: skip)", intArg("--prefill"), 512)
+  .option("--steps <n>", "decode steps per case", intArg("--steps", 1), 8)
+  .action(printProfile);
 program.parseAsync().catch((e: unknown) => {
   process.stderr.write(`weft: ${e instanceof Error ? e.message : String(e)}\n`);
   process.exit(1);

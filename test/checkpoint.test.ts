@@ -67,7 +67,7 @@ test("llama3 rope scaling is parsed from either form", () => {
   }
 });
 
-test("a sharded f32 checkpoint gives bit-identical logits; f16 agrees within tolerance", async () => {
+test("sharded f32 and f16 checkpoints give the bf16 checkpoint's logits within tolerance", async () => {
   const reference = await lastLogits(SRC);
   const widen = (bf16: Uint8Array): Uint8Array => {
     const src = new Uint16Array(bf16.buffer, bf16.byteOffset, bf16.byteLength / 2);
@@ -93,7 +93,10 @@ test("a sharded f32 checkpoint gives bit-identical logits; f16 agrees within tol
     fs.writeFileSync(path.join(dir, "model.safetensors.index.json"), JSON.stringify({ metadata: {}, weight_map: weightMap }));
     const got = await lastLogits(dir);
     const maxDiff = got.reduce((m, v, i) => Math.max(m, Math.abs(v - reference[i]!)), 0);
-    if (dtype === "F32") assert.equal(maxDiff, 0);
+    // f32 holds the bf16 values exactly: only the kernels' summation order differs (bf16 chunks are
+    // split into even and odd lanes). f16 rounds some small weights.
+    const scale = reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+    if (dtype === "F32") assert.ok(maxDiff / scale < 1e-5, `f32 max diff ${maxDiff}`);
     else assert.ok(maxDiff < 1e-2, `f16 max diff ${maxDiff}`);
   }
 });

@@ -110,10 +110,23 @@ export interface NativeModelInfo {
   kvCacheBytes: number;
 }
 
+/** Seconds per kind of work since the previous read, and the steps and token rows they covered. */
+export interface NativeProfile {
+  matmul: number;
+  attention: number;
+  lmHead: number;
+  sampling: number;
+  other: number;
+  steps: number;
+  tokens: number;
+}
+
 export interface NativeModel {
   /** Runs off the event loop; rejects on bad input, native failure, or a step already in flight. */
   step(input: NativeStepInput): Promise<NativeStepOutput>;
   info(): NativeModelInfo;
+  /** Blocks while a step is in flight; resets the counters. */
+  takeProfile(): NativeProfile;
 }
 
 export interface NativeAddon {
