@@ -36,6 +36,11 @@ using DotFn = float (*)(const float* a, const float* b, int n);
 // y[i] += alpha * x[i]
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
+// g[i] = silu(g[i]) * u[i]
+using SiluMulFn = void (*)(float* g, const float* u, int n);
+// s[i] = exp(s[i] - max); returns the sum of the new s, in a fixed order.
+using ExpSumFn = float (*)(float* s, int n, float max);
+
 struct Kernels {
   const char* name;
   // Elements per chunk (two vector widths): bf16 chunks are split into even
@@ -44,6 +49,8 @@ struct Kernels {
   MatmulFn matmul;
   DotFn dot;
   AxpyFn axpy;
+  SiluMulFn siluMul;
+  ExpSumFn expSum;
 };
 
 const Kernels& kernelsAvx512();

@@ -1,6 +1,7 @@
 // AVX2 inner loops for CPUs without AVX-512: 8 fp32 lanes, 16 registers.
 #include <immintrin.h>
 #include "kernels.h"
+#include "vec_math.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -101,10 +102,51 @@ void axpy(float alpha, const float* x, float* y, int n) {
   for (int i = nv; i < n; i++) y[i] += alpha * x[i];
 }
 
+inline __m256 exp8(__m256 x) {
+  WEFT_EXP_CONSTANTS
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-87.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // 2^n through the exponent bits; below −87 the clamp keeps n in range (tiny results, not 0).
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void siluMul(float* g, const float* u, int n) {
+  int nv = n & ~7;
+  for (int i = 0; i < nv; i += 8) {
+    __m256 gv = _mm256_loadu_ps(g + i);
+    __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+  }
+  for (int i = nv; i < n; i++) g[i] = g[i] / (1.0f + __builtin_expf(-g[i])) * u[i];
+}
+
+float expSum(float* s, int n, float max) {
+  __m256 acc = _mm256_setzero_ps(), mv = _mm256_set1_ps(max);
+  int nv = n & ~7;
+  for (int i = 0; i < nv; i += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+    _mm256_storeu_ps(s + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum(acc);
+  for (int i = nv; i < n; i++) sum += s[i] = __builtin_expf(s[i] - max);
+  return sum;
+}
+
 }  // namespace
 
 const Kernels& kernelsAvx2() {
-  static const Kernels k{"avx2", L, matmul, dot, axpy};
+  static const Kernels k{"avx2", L, matmul, dot, axpy, siluMul, expSum};
   return k;
 }
 

@@ -4,6 +4,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #include "kernels.h"
+#include "vec_math.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,fma,f16c")
@@ -95,10 +96,47 @@ void axpy(float alpha, const float* x, float* y, int n) {
   }
 }
 
+inline __m512 exp16(__m512 x) {
+  WEFT_EXP_CONSTANTS
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-103.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);  // p · 2^n, with underflow to 0 handled
+}
+
+void siluMul(float* g, const float* u, int n) {
+  for (int i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
+float expSum(float* s, int n, float max) {
+  __m512 acc = _mm512_setzero_ps(), mv = _mm512_set1_ps(max);
+  for (int i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), mv)));
+    _mm512_mask_storeu_ps(s + i, m, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
 }  // namespace
 
 const Kernels& kernelsAvx512() {
-  static const Kernels k{"avx512", L, matmul, dot, axpy};
+  static const Kernels k{"avx512", L, matmul, dot, axpy, siluMul, expSum};
   return k;
 }
 

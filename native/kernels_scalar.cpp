@@ -1,4 +1,5 @@
 // Portable loops: the fallback for CPUs without AVX2, and the ISA selector.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -70,6 +71,16 @@ void axpy(float alpha, const float* x, float* y, int n) {
   for (int i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
+void siluMul(float* g, const float* u, int n) {
+  for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+float expSum(float* s, int n, float max) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; i++) sum += s[i] = std::exp(s[i] - max);
+  return sum;
+}
+
 const Kernels& select() {
   __builtin_cpu_init();
   bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -110,7 +121,7 @@ void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weig
 }
 
 const Kernels& kernelsScalar() {
-  static const Kernels k{"scalar", L, matmul, dot, axpy};
+  static const Kernels k{"scalar", L, matmul, dot, axpy, siluMul, expSum};
   return k;
 }
 

@@ -20,7 +20,7 @@ void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix&
   }
 }
 
-void rmsnorm(const float* x, const Tensor& weight, float* out, int T, int n, float eps) {
+void rmsnorm(const float* x, const float* weight, float* out, int T, int n, float eps) {
 #pragma omp parallel for if (T > 8)
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * n;
@@ -28,7 +28,7 @@ void rmsnorm(const float* x, const Tensor& weight, float* out, int T, int n, flo
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += xr[i] * xr[i];
     float inv = 1.0f / std::sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++) o[i] = weight.at(i) * (xr[i] * inv);
+    for (int i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * inv);
   }
 }
 

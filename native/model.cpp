@@ -13,6 +13,12 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("invalid step input: " + what);
 }
 
+std::vector<float> widen(const Tensor& t) {
+  std::vector<float> out(t ? static_cast<size_t>(t.rows) * t.cols : 0);
+  for (size_t i = 0; i < out.size(); i++) out[i] = t.at(i);
+  return out;
+}
+
 void grow(std::vector<float>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
@@ -35,10 +41,12 @@ Model::Model(ModelConfig config, Weights weights)
   const int chunk = k_.chunk;
   for (const LayerWeights& L : w_.layers) {
     packed_.push_back({store_.pack(L.wq, chunk), store_.pack(L.wk, chunk), store_.pack(L.wv, chunk), store_.pack(L.wo, chunk),
-                       store_.pack(L.gate, chunk), store_.pack(L.up, chunk), store_.pack(L.down, chunk)});
+                       store_.pack(L.gate, chunk), store_.pack(L.up, chunk), store_.pack(L.down, chunk),
+                       widen(L.attnNorm), widen(L.mlpNorm), widen(L.qNorm), widen(L.kNorm), widen(L.bq), widen(L.bk), widen(L.bv)});
     for (const Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) releasePages(*t);
   }
   lmHead_ = store_.pack(w_.lmHead, chunk);
+  finalNorm_ = widen(w_.finalNorm);
   if (w_.lmHead.data != w_.embed.data) releasePages(w_.lmHead);  // a tied head is still the embedding table
   size_t perLayer = static_cast<size_t>(cfg_.numBlocks) * cfg_.blockSize * cfg_.kvHeads * cfg_.headDim;
   kCache_.assign(perLayer * cfg_.layers, 0.0f);
@@ -88,27 +96,26 @@ Profile Model::takeProfile() {
   return p;
 }
 
-void Model::linear(const float* x, int T, const PackedMatrix& w, const Tensor& bias, float* y) {
+void Model::linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y) {
   Timer t(profile_.matmul);
   matmulParallel(k_, x, T, w, y, xpack_);
-  if (!bias) return;
+  if (bias.empty()) return;
   for (int t = 0; t < T; t++)
-    for (int n = 0; n < w.N; n++) y[static_cast<size_t>(t) * w.N + n] += bias.at(n);
+    for (int n = 0; n < w.N; n++) y[static_cast<size_t>(t) * w.N + n] += bias[n];
 }
 
-void Model::layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq) {
-  const LayerWeights& L = w_.layers[l];
+void Model::layer(int l, const StepInput& in) {
   const PackedLayer& P = packed_[l];
   const int T = static_cast<int>(in.tokens.size()), H = cfg_.hidden, hd = cfg_.headDim;
   const int kvDim = cfg_.kvHeads * hd;
 
   // Attention block: norm → q/k/v → (q/k norm) → rope → cache write → paged attention → out proj.
-  rmsnorm(x_.data(), L.attnNorm, xn_.data(), T, H, cfg_.rmsEps);
-  linear(xn_.data(), T, P.wq, L.bq, q_.data());
-  linear(xn_.data(), T, P.wk, L.bk, kv_k_.data());
-  linear(xn_.data(), T, P.wv, L.bv, kv_v_.data());
-  if (L.qNorm) rmsnorm(q_.data(), L.qNorm, q_.data(), T * cfg_.heads, hd, cfg_.rmsEps);
-  if (L.kNorm) rmsnorm(kv_k_.data(), L.kNorm, kv_k_.data(), T * cfg_.kvHeads, hd, cfg_.rmsEps);
+  rmsnorm(x_.data(), P.attnNorm.data(), xn_.data(), T, H, cfg_.rmsEps);
+  linear(xn_.data(), T, P.wq, P.bq, q_.data());
+  linear(xn_.data(), T, P.wk, P.bk, kv_k_.data());
+  linear(xn_.data(), T, P.wv, P.bv, kv_v_.data());
+  if (!P.qNorm.empty()) rmsnorm(q_.data(), P.qNorm.data(), q_.data(), T * cfg_.heads, hd, cfg_.rmsEps);
+  if (!P.kNorm.empty()) rmsnorm(kv_k_.data(), P.kNorm.data(), kv_k_.data(), T * cfg_.kvHeads, hd, cfg_.rmsEps);
   rope(q_.data(), T, cfg_.heads, hd, cos_.data(), sin_.data());
   rope(kv_k_.data(), T, cfg_.kvHeads, hd, cos_.data(), sin_.data());
 
@@ -122,24 +129,25 @@ void Model::layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq
   }
   if (in.injectFailure) throw std::runtime_error("injected failure in layer " + std::to_string(l));
 
-  AttentionArgs a{q_.data(), attn_.data(), kc, vc, in.positions.data(), rowSeq.data(), in.blockTables.data(),
-                  T, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd))};
+  AttentionArgs a{q_.data(), attn_.data(), kc, vc, in.positions.data(), in.seqStarts.data(), in.blockTables.data(),
+                  static_cast<int>(in.seqStarts.size()) - 1, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks,
+                  1.0f / std::sqrt(static_cast<float>(hd))};
   {
     Timer t(profile_.attention);
     pagedAttention(k_, a);
   }
-  linear(attn_.data(), T, P.wo, Tensor{}, tmp_.data());
+  linear(attn_.data(), T, P.wo, {}, tmp_.data());
   for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
 
   // MLP block: norm → gate/up → SiLU(gate)·up → down.
-  rmsnorm(x_.data(), L.mlpNorm, xn_.data(), T, H, cfg_.rmsEps);
-  linear(xn_.data(), T, P.gate, Tensor{}, gate_.data());
-  linear(xn_.data(), T, P.up, Tensor{}, up_.data());
-  for (size_t i = 0; i < static_cast<size_t>(T) * cfg_.intermediate; i++) {
-    float g = gate_[i];
-    gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
+  rmsnorm(x_.data(), P.mlpNorm.data(), xn_.data(), T, H, cfg_.rmsEps);
+  linear(xn_.data(), T, P.gate, {}, gate_.data());
+  linear(xn_.data(), T, P.up, {}, up_.data());
+  for (int t = 0; t < T; t++) {  // row by row: each row's lanes line up the same way in any batch
+    const size_t at = static_cast<size_t>(t) * cfg_.intermediate;
+    k_.siluMul(gate_.data() + at, up_.data() + at, cfg_.intermediate);
   }
-  linear(gate_.data(), T, P.down, Tensor{}, tmp_.data());
+  linear(gate_.data(), T, P.down, {}, tmp_.data());
   for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
 }
 
@@ -162,9 +170,6 @@ StepOutput Model::step(const StepInput& in) {
   grow(cos_, static_cast<size_t>(T) * half);
   grow(sin_, static_cast<size_t>(T) * half);
 
-  std::vector<int32_t> rowSeq(T);
-  for (size_t s = 0; s + 1 < in.seqStarts.size(); s++)
-    for (int t = in.seqStarts[s]; t < in.seqStarts[s + 1]; t++) rowSeq[t] = static_cast<int32_t>(s);
   for (int t = 0; t < T; t++) {
     w_.embed.rowToF32(in.tokens[t], x_.data() + static_cast<size_t>(t) * H);
     for (int i = 0; i < half; i++) {  // angle in fp32 as transformers computes it; cos/sin rounded once
@@ -173,13 +178,13 @@ StepOutput Model::step(const StepInput& in) {
       sin_[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle))) * cfg_.attentionScaling;
     }
   }
-  for (int l = 0; l < cfg_.layers; l++) layer(l, in, rowSeq);
+  for (int l = 0; l < cfg_.layers; l++) layer(l, in);
 
   // Only the sampled rows go through the final norm and the vocabulary projection.
   std::vector<float> rows(static_cast<size_t>(S) * H), logits(static_cast<size_t>(S) * cfg_.vocab);
   for (int i = 0; i < S; i++)
     std::copy_n(x_.data() + static_cast<size_t>(in.sampleRows[i]) * H, H, rows.data() + static_cast<size_t>(i) * H);
-  rmsnorm(rows.data(), w_.finalNorm, rows.data(), S, H, cfg_.rmsEps);
+  rmsnorm(rows.data(), finalNorm_.data(), rows.data(), S, H, cfg_.rmsEps);
   if (S > 0) {
     Timer t(profile_.lmHead);
     matmulParallel(k_, rows.data(), S, lmHead_, logits.data(), xpack_);

@@ -59,13 +59,15 @@ class Model {
 
  private:
   void validate(const StepInput& in) const;
-  void layer(int l, const StepInput& in, const std::vector<int32_t>& rowSeq);
-  void linear(const float* x, int T, const PackedMatrix& w, const Tensor& bias, float* y);
+  void layer(int l, const StepInput& in);
+  void linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y);
 
   // The linear layers repacked for the kernels (see PackedMatrix); norms and
   // biases are read from the mapped files.
   struct PackedLayer {
     PackedMatrix wq, wk, wv, wo, gate, up, down;
+    // Norm weights and biases widened once to fp32 (they are small).
+    std::vector<float> attnNorm, mlpNorm, qNorm, kNorm, bq, bk, bv;
   };
 
   Profile profile_;
@@ -76,6 +78,7 @@ class Model {
   PackedStore store_;
   std::vector<PackedLayer> packed_;
   PackedMatrix lmHead_;
+  std::vector<float> finalNorm_;
   // K/V pools per layer: (layers, numBlocks, blockSize, kvHeads, headDim).
   // Stored as fp32: a step reads each cached row once per query head group,
   // and at the context lengths we serve on a CPU the weight reads dominate

@@ -12,7 +12,7 @@ namespace weft {
 void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch);
 
 // out[T, n] = x * rsqrt(mean(x²) + eps) * weight, row by row (in place allowed).
-void rmsnorm(const float* x, const Tensor& weight, float* out, int T, int n, float eps);
+void rmsnorm(const float* x, const float* weight, float* out, int T, int n, float eps);
 
 // Rotates pairs (i, i + hd/2) of every head of `x` (T, heads, hd) by the row's angles.
 void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin);
@@ -25,9 +25,9 @@ struct AttentionArgs {
   const float* kCache;          // (numBlocks, blockSize, kvHeads, hd) of this layer
   const float* vCache;
   const int32_t* positions;     // (T)
-  const int32_t* rowSeq;        // (T) sequence index of each row
+  const int32_t* seqStarts;     // (B+1) rows of each sequence
   const int32_t* blockTables;   // (B, maxBlocks)
-  int T, heads, kvHeads, hd, blockSize, maxBlocks;
+  int numSeqs, heads, kvHeads, hd, blockSize, maxBlocks;
   float scale;
 };
 void pagedAttention(const Kernels& k, const AttentionArgs& a);
