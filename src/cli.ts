@@ -10,6 +10,10 @@ import { DEFAULT_DB_PATH } from "./store/database.js";
 import { DEFAULT_ENGINE_CONFIG } from "./engine/engine-manager.js";
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
+import { exportGguf } from "./model/gguf-export.js";
+import { peerBench, type PeerOptions } from "./bench/peer.js";
+import fs from "node:fs";
+import path from "node:path";
 
 export function intArg(name: string, min = 0): (v: string) => number {
   return (v) => {
@@ -86,6 +90,19 @@ program
 
 program.addCommand(keysCommand());
 
+
+program
+  .command("export-gguf")
+  .description("write a checkpoint as GGUF for llama.cpp (Qwen2/Qwen3/Llama-3 with BPE tokenizers)")
+  .requiredOption("--model <dir>", "model directory")
+  .requiredOption("--out <file>", "output .gguf file")
+  .option("--dtype <dtype>", "f16 | bf16 for matrices", "f16")
+  .action((o: { model: string; out: string; dtype: string }) => {
+    if (o.dtype !== "f16" && o.dtype !== "bf16") throw new InvalidArgumentError("--dtype must be f16 or bf16");
+    const r = exportGguf(o.model, o.out, o.dtype);
+    console.log(`wrote ${o.out}: ${r.tensors} tensors, ${(r.bytes / 1e9).toFixed(2)} GB`);
+  });
+
 const intList = (name: string) => (v: string): number[] => v.split(",").map((x) => intArg(name, 1)(x.trim()));
 const bench = program.command("bench").description("measure throughput and latency");
 bench
@@ -115,6 +132,21 @@ bench
   .option("--prefill <n>", "prompt tokens of the prefill case (0: skip)", intArg("--prefill"), 512)
   .option("--steps <n>", "decode steps per case", intArg("--steps", 1), 8)
   .action(printProfile);
+bench
+  .command("peer")
+  .description("Weft vs llama.cpp (node-llama-cpp, a devDependency) on the same random checkpoint, in one run")
+  .option("--preset <name>", "model shape", "qwen3-0.6b")
+  .option("--dir <dir>", "where the checkpoint and GGUF files are kept", path.join(".weft", "bench"))
+  .option("--concurrency <list>", "sequences decoded together", intList("--concurrency"), [1, 4, 16, 32])
+  .option("--prompt-len <n>", "prompt tokens per sequence", intArg("--prompt-len", 1), 128)
+  .option("--output-len <n>", "tokens generated per sequence", intArg("--output-len", 2), 128)
+  .option("--prefill-len <n>", "tokens of the single-prompt prefill case", intArg("--prefill-len", 1), 512)
+  .option("--json <file>", "write the results as JSON")
+  .action(async (o: PeerOptions) => {
+    fs.mkdirSync(o.dir, { recursive: true });
+    await peerBench(o);
+  });
+
 program.parseAsync().catch((e: unknown) => {
   process.stderr.write(`weft: ${e instanceof Error ? e.message : String(e)}\n`);
   process.exit(1);

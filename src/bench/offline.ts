@@ -29,7 +29,7 @@ export const RESULT_COLUMNS = ["concurrency", "requests", "prompt_tokens", "comp
   "e2e_p50_ms", "e2e_p99_ms", "peak_rss_mb"] as const;
 
 /** Runs `prompts` through the engine, at most `concurrency` at a time. */
-async function runLevel(m: LoadedModel, prompts: number[][], outputLen: number, concurrency: number, steps: StepTotals): Promise<{ timings: RequestTiming[]; wall: number }> {
+export async function runLevel(m: LoadedModel, prompts: number[][], outputLen: number, concurrency: number, steps: StepTotals): Promise<{ timings: RequestTiming[]; wall: number }> {
   const timings: RequestTiming[] = [];
   let next = 0;
   const start = performance.now() / 1000;

@@ -1,0 +1,201 @@
+/**
+ * `weft export-gguf`: a checkpoint as a GGUF v3 file for llama.cpp, so the
+ * peer benchmark runs the very same weights. Qwen2/Qwen3 and Llama-3-style
+ * (byte-level BPE) models; matrices in F16 or BF16, vectors in F32.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { loadCheckpoint } from "./checkpoint.js";
+import { readTensorBytes } from "./safetensors.js";
+import type { NativeTensor } from "../runtime/native.js";
+
+export type GgufDType = "f16" | "bf16";
+
+const GGML_TYPE = { f32: 0, f16: 1, bf16: 30 } as const;
+const ALIGN = 32;
+
+/** GGUF metadata value types. */
+const T = { u32: 4, i32: 5, f32: 6, bool: 7, str: 8, arr: 9 } as const;
+
+class Writer {
+  private readonly parts: Buffer[] = [];
+  size = 0;
+  push(b: Buffer): void {
+    this.parts.push(b);
+    this.size += b.length;
+  }
+  u32(v: number): void { const b = Buffer.alloc(4); b.writeUInt32LE(v); this.push(b); }
+  i32(v: number): void { const b = Buffer.alloc(4); b.writeInt32LE(v); this.push(b); }
+  u64(v: number): void { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); this.push(b); }
+  f32(v: number): void { const b = Buffer.alloc(4); b.writeFloatLE(v); this.push(b); }
+  str(s: string): void { const b = Buffer.from(s, "utf8"); this.u64(b.length); this.push(b); }
+  buffer(): Buffer { return Buffer.concat(this.parts); }
+}
+
+type Meta = [string, "u32" | "i32" | "f32" | "bool" | "str", number | string | boolean] | [string, "strs" | "i32s", (string | number)[]];
+
+function writeMeta(w: Writer, [key, type, value]: Meta): void {
+  w.str(key);
+  switch (type) {
+    case "u32": w.u32(T.u32); w.u32(value as number); break;
+    case "i32": w.u32(T.i32); w.i32(value as number); break;
+    case "f32": w.u32(T.f32); w.f32(value as number); break;
+    case "bool": w.u32(T.bool); w.push(Buffer.from([value ? 1 : 0])); break;
+    case "str": w.u32(T.str); w.str(value as string); break;
+    case "strs": w.u32(T.arr); w.u32(T.str); w.u64(value.length); for (const s of value) w.str(s as string); break;
+    case "i32s": w.u32(T.arr); w.u32(T.i32); w.u64(value.length); for (const n of value) w.i32(n as number); break;
+  }
+}
+
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+
+function f32ToF16(f: number): number {
+  f32[0] = f;
+  const x = u32[0]!;
+  const sign = (x >>> 16) & 0x8000, exp = ((x >>> 23) & 0xff) - 112;
+  const mant = (x & 0x7fffff) + 0x1000; // round to nearest
+  if (exp <= 0) return sign; // flush subnormals
+  if (mant & 0x800000) return exp + 1 >= 31 ? sign | 0x7c00 : sign | ((exp + 1) << 10);
+  if (exp >= 31) return sign | 0x7c00;
+  return sign | (exp << 10) | (mant >> 13);
+}
+
+function f16ToF32(h: number): number {
+  const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  return e === 0 ? s * m * 2 ** -24 : e === 31 ? (m ? NaN : s * Infinity) : s * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+/** The tensor's values re-encoded as `to` (vectors go to f32). */
+function convert(t: NativeTensor, to: "f32" | GgufDType): Buffer {
+  const raw = readTensorBytes(t);
+  if (to === t.dtype) return Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength);
+  const n = t.byteLength / (t.dtype === "f32" ? 4 : 2);
+  const values = new Float32Array(n);
+  if (t.dtype === "f32") values.set(new Float32Array(raw.buffer, raw.byteOffset, n));
+  else {
+    const h = new Uint16Array(raw.buffer, raw.byteOffset, n);
+    if (t.dtype === "bf16") { const bits = new Uint32Array(values.buffer); for (let i = 0; i < n; i++) bits[i] = h[i]! << 16; }
+    else for (let i = 0; i < n; i++) values[i] = f16ToF32(h[i]!);
+  }
+  if (to === "f32") return Buffer.from(values.buffer);
+  const out = new Uint16Array(n);
+  if (to === "bf16") { const bits = new Uint32Array(values.buffer); for (let i = 0; i < n; i++) out[i] = (bits[i]! + 0x8000) >>> 16; }
+  else for (let i = 0; i < n; i++) out[i] = f32ToF16(values[i]!);
+  return Buffer.from(out.buffer);
+}
+
+/** Llama-arch GGUFs use interleaved rope: permute q/k rows from HF's rotate-half order (as llama.cpp's converter does). */
+function permuteRows(data: Buffer, rows: number, cols: number, heads: number, elem: number): Buffer {
+  const out = Buffer.alloc(data.length);
+  const hd = rows / heads, half = hd / 2, rowBytes = cols * elem;
+  for (let h = 0; h < heads; h++)
+    for (let i = 0; i < half; i++)
+      for (let j = 0; j < 2; j++) {
+        const src = h * hd + j * half + i, dst = h * hd + i * 2 + j;
+        data.copy(out, dst * rowBytes, src * rowBytes, (src + 1) * rowBytes);
+      }
+  return out;
+}
+
+interface TokenizerJson {
+  model: { type: string; vocab: Record<string, number>; merges: (string | [string, string])[] };
+  added_tokens: { id: number; content: string; special: boolean }[];
+}
+
+function tokenizerMeta(dir: string, vocabSize: number, arch: string): Meta[] {
+  const tok = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8")) as TokenizerJson;
+  if (tok.model.type !== "BPE" || !tok.model.merges) throw new Error("export-gguf supports byte-level BPE tokenizers (Qwen, Llama 3)");
+  const tokens: string[] = Array.from({ length: vocabSize }, (_, i) => `[PAD${i}]`);
+  const types: number[] = Array.from({ length: vocabSize }, () => 5); // unused
+  for (const [t, id] of Object.entries(tok.model.vocab)) if (id < vocabSize) { tokens[id] = t; types[id] = 1; }
+  for (const a of tok.added_tokens) if (a.id < vocabSize) { tokens[a.id] = a.content; types[a.id] = a.special ? 3 : 4; }
+  const merges = tok.model.merges.map((m) => (Array.isArray(m) ? m.join(" ") : m));
+  const cfgFile = path.join(dir, "tokenizer_config.json");
+  const cfg = fs.existsSync(cfgFile) ? (JSON.parse(fs.readFileSync(cfgFile, "utf8")) as { chat_template?: string }) : {};
+  const meta: Meta[] = [
+    ["tokenizer.ggml.model", "str", "gpt2"],
+    ["tokenizer.ggml.pre", "str", arch === "llama" ? "llama-bpe" : "qwen2"],
+    ["tokenizer.ggml.tokens", "strs", tokens],
+    ["tokenizer.ggml.token_type", "i32s", types],
+    ["tokenizer.ggml.merges", "strs", merges],
+  ];
+  if (typeof cfg.chat_template === "string") meta.push(["tokenizer.chat_template", "str", cfg.chat_template]);
+  return meta;
+}
+
+export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f16"): { tensors: number; bytes: number } {
+  const ck = loadCheckpoint(modelDir);
+  const c = ck.config;
+  const arch = c.architecture === "Qwen3ForCausalLM" ? "qwen3" : c.architecture === "Qwen2ForCausalLM" ? "qwen2" : "llama";
+  const meta: Meta[] = [
+    ["general.architecture", "str", arch],
+    ["general.name", "str", path.basename(path.resolve(modelDir))],
+    ["general.alignment", "u32", ALIGN],
+    [`${arch}.context_length`, "u32", c.maxPositions],
+    [`${arch}.embedding_length`, "u32", c.hidden],
+    [`${arch}.block_count`, "u32", c.layers],
+    [`${arch}.feed_forward_length`, "u32", c.intermediate],
+    [`${arch}.attention.head_count`, "u32", c.heads],
+    [`${arch}.attention.head_count_kv`, "u32", c.kvHeads],
+    [`${arch}.attention.key_length`, "u32", c.headDim],
+    [`${arch}.attention.value_length`, "u32", c.headDim],
+    [`${arch}.rope.freq_base`, "f32", c.ropeTheta],
+    [`${arch}.attention.layer_norm_rms_epsilon`, "f32", c.rmsEps],
+    ...tokenizerMeta(modelDir, c.vocab, arch),
+  ];
+  if (arch === "llama") meta.push([`llama.rope.dimension_count`, "u32", c.headDim], ["llama.vocab_size", "u32", c.vocab]);
+  if (c.bosTokenId !== null) meta.push(["tokenizer.ggml.bos_token_id", "u32", c.bosTokenId]);
+  if (c.eosTokenIds[0] !== undefined) meta.push(["tokenizer.ggml.eos_token_id", "u32", c.eosTokenIds[0]]);
+  meta.push(["tokenizer.ggml.add_bos_token", "bool", false]);
+
+  const w = ck.weights;
+  const list: [string, NativeTensor, "q" | "k" | null][] = [["token_embd.weight", w.embed, null], ["output_norm.weight", w.finalNorm, null]];
+  if (w.lmHead !== w.embed) list.push(["output.weight", w.lmHead, null]);
+  w.layers.forEach((l, i) => {
+    const b = `blk.${i}.`;
+    list.push([`${b}attn_norm.weight`, l.attnNorm, null], [`${b}attn_q.weight`, l.wq, "q"], [`${b}attn_k.weight`, l.wk, "k"],
+      [`${b}attn_v.weight`, l.wv, null], [`${b}attn_output.weight`, l.wo, null], [`${b}ffn_norm.weight`, l.mlpNorm, null],
+      [`${b}ffn_gate.weight`, l.gate, null], [`${b}ffn_up.weight`, l.up, null], [`${b}ffn_down.weight`, l.down, null]);
+    if (l.bq && l.bk && l.bv) list.push([`${b}attn_q.bias`, l.bq, null], [`${b}attn_k.bias`, l.bk, null], [`${b}attn_v.bias`, l.bv, null]);
+    if (l.qNorm && l.kNorm) list.push([`${b}attn_q_norm.weight`, l.qNorm, null], [`${b}attn_k_norm.weight`, l.kNorm, null]);
+  });
+
+  const header = new Writer();
+  header.push(Buffer.from("GGUF", "ascii"));
+  header.u32(3);
+  header.u64(list.length);
+  header.u64(meta.length);
+  for (const m of meta) writeMeta(header, m);
+  let offset = 0;
+  const plan = list.map(([name, t, perm]) => {
+    const type: "f32" | GgufDType = t.shape.length === 1 ? "f32" : dtype;
+    const bytes = t.shape.reduce((a, b) => a * b, 1) * (type === "f32" ? 4 : 2);
+    header.str(name);
+    header.u32(t.shape.length);
+    for (const d of [...t.shape].reverse()) header.u64(d); // ggml lists dimensions innermost first
+    header.u32(GGML_TYPE[type]);
+    header.u64(offset);
+    const entry = { t, type, perm, at: offset };
+    offset += Math.ceil(bytes / ALIGN) * ALIGN;
+    return entry;
+  });
+  const fd = fs.openSync(out, "w");
+  try {
+    const head = header.buffer();
+    fs.writeSync(fd, head);
+    fs.writeSync(fd, Buffer.alloc((ALIGN - (head.length % ALIGN)) % ALIGN));
+    let written = 0;
+    for (const p of plan) {
+      let data = convert(p.t, p.type);
+      if (arch === "llama" && p.perm) data = permuteRows(data, p.t.shape[0]!, p.t.shape[1]!, p.perm === "q" ? c.heads : c.kvHeads, 2);
+      fs.writeSync(fd, Buffer.alloc(p.at - written));
+      fs.writeSync(fd, data);
+      written = p.at + data.length;
+    }
+    fs.writeSync(fd, Buffer.alloc(offset - written));
+  } finally {
+    fs.closeSync(fd);
+  }
+  return { tensors: list.length, bytes: fs.statSync(out).size };
+}
