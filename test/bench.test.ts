@@ -59,6 +59,7 @@ test("smoke: weft bench --mode compare on the fixture writes the JSON report", a
   const json = path.join(tempDir(), "bench.json");
   const report = await offlineBench({ model: fixtureModelDir(), concurrency: [], numPrompts: 4, promptLen: 12, outputLen: 5, mode: "compare", json, quiet: true });
   const saved = JSON.parse(fs.readFileSync(json, "utf8")) as typeof report;
+  assert.equal(saved.speedup, report.speedup);
   assert.deepEqual(saved.results.map((r) => r.concurrency), [1, 4]);
   for (const r of saved.results) {
     assert.equal(r.requests, 4);
