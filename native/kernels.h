@@ -36,6 +36,18 @@ using DotFn = float (*)(const float* a, const float* b, int n);
 // y[i] += alpha * x[i]
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
+constexpr int kMaxScoreQueries = 6;
+
+// Attention scores of up to kMaxScoreQueries queries against the first n keys of one cache
+// block, keys stored dimension-major (kt[d * stride + j]):
+// out[q][j] = scale * sum over d, in order, of qs[q][d] * kt[d * stride + j].
+// Each key is a vector lane, so a score's value does not depend on how many
+// keys or queries are computed with it.
+using ScoresFn = void (*)(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out);
+// Up to 3 queries' attention outputs: outs[q] = sum over keys j < ns[q], in key
+// order, of ps[q][j] * vrows[j] (hd floats each). Each output element is a
+// chain of FMAs in key order, as an axpy per key would compute it.
+using WeightedSumFn = void (*)(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs);
 // g[i] = silu(g[i]) * u[i]
 using SiluMulFn = void (*)(float* g, const float* u, int n);
 // s[i] = exp(s[i] - max); returns the sum of the new s, in a fixed order.
@@ -51,6 +63,8 @@ struct Kernels {
   AxpyFn axpy;
   SiluMulFn siluMul;
   ExpSumFn expSum;
+  ScoresFn scores;
+  WeightedSumFn weightedSum;
 };
 
 const Kernels& kernelsAvx512();

@@ -143,10 +143,33 @@ float expSum(float* s, int n, float max) {
   return sum;
 }
 
+void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int j = 0; j < n; j += 8) {
+    const int lanes = n - j >= 8 ? 8 : n - j;
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 acc[kMaxScoreQueries];
+    for (int q = 0; q < kMaxScoreQueries; q++) acc[q] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+      const __m256 k = _mm256_maskload_ps(kt + static_cast<size_t>(d) * stride + j, m);
+      for (int q = 0; q < nq; q++) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qs[q][d]), k, acc[q]);
+    }
+    for (int q = 0; q < nq; q++) _mm256_maskstore_ps(out[q] + j, m, _mm256_mul_ps(acc[q], sv));
+  }
+}
+
+void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
+  for (int q = 0; q < nq; q++) {
+    float* o = outs[q];
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int j = 0; j < ns[q]; j++) axpy(ps[q][j], vrows[j], o, hd);
+  }
+}
+
 }  // namespace
 
 const Kernels& kernelsAvx2() {
-  static const Kernels k{"avx2", L, matmul, dot, axpy, siluMul, expSum};
+  static const Kernels k{"avx2", L, matmul, dot, axpy, siluMul, expSum, scores, weightedSum};
   return k;
 }
 

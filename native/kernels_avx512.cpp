@@ -34,13 +34,20 @@ inline void loadChunk(const void* w, size_t at, __m512& lo, __m512& hi) {
 
 // R rows × one column group. Per output: acc = fma(x_lo, w_lo, acc); acc = fma(x_hi, w_hi, acc)
 // chunk after chunk, then one horizontal sum — the same sequence for every R.
+// `prefetch`: pull the next column group's weights toward L1 while this one
+// computes (worth it when several row groups reuse each group's weights).
 template <DType D, int R>
-inline void tile(const float* xp, int T0, const PackedMatrix& w, int g, float* y) {
+inline void tile(const float* xp, int T0, const PackedMatrix& w, int g, float* y, bool prefetch) {
   __m512 acc[R][kPackCols];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < kPackCols; c++) acc[r][c] = _mm512_setzero_ps();
   const size_t base = static_cast<size_t>(g) * kPackCols * w.Kp;
+  const size_t groupBytes = static_cast<size_t>(kPackCols) * w.Kp * dtypeBytes(D);
   for (int k = 0; k < w.Kp; k += L) {
+    if (prefetch) {
+      const char* next = static_cast<const char*>(w.data) + (base + static_cast<size_t>(k) * kPackCols) * dtypeBytes(D) + groupBytes;
+      for (size_t off = 0; off < static_cast<size_t>(kPackCols) * L * dtypeBytes(D); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
     __m512 lo[kPackCols], hi[kPackCols];
     for (int c = 0; c < kPackCols; c++) loadChunk<D>(w.data, base + static_cast<size_t>(k) * kPackCols + c * L, lo[c], hi[c]);
     for (int r = 0; r < R; r++) {
@@ -64,8 +71,8 @@ void matmulTyped(const float* xp, int T, const PackedMatrix& w, float* y, int g0
     int te = tb + kRowBlock < T ? tb + kRowBlock : T;
     for (int g = g0; g < g1; g++) {
       int t = tb;
-      for (; t + 4 <= te; t += 4) tile<D, 4>(xp, t, w, g, y);
-      for (; t < te; t++) tile<D, 1>(xp, t, w, g, y);
+      for (; t + 4 <= te; t += 4) tile<D, 4>(xp, t, w, g, y, t == tb && g + 1 < g1);
+      for (; t < te; t++) tile<D, 1>(xp, t, w, g, y, false);
     }
   }
 }
@@ -133,10 +140,52 @@ float expSum(float* s, int n, float max) {
   return _mm512_reduce_add_ps(acc);
 }
 
+void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    __m512 acc[kMaxScoreQueries];
+    for (int q = 0; q < kMaxScoreQueries; q++) acc[q] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+      const __m512 k = _mm512_maskz_loadu_ps(m, kt + static_cast<size_t>(d) * stride + j);
+      for (int q = 0; q < nq; q++) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(qs[q][d]), k, acc[q]);
+    }
+    for (int q = 0; q < nq; q++) _mm512_mask_storeu_ps(out[q] + j, m, _mm512_mul_ps(acc[q], sv));
+  }
+}
+
+void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
+  int n = 0;
+  for (int q = 0; q < nq; q++) n = ns[q] > n ? ns[q] : n;
+  for (int d0 = 0; d0 < hd; d0 += 128) {  // 8 vectors of output per query stay in registers
+    __mmask16 mk[8];
+    for (int c = 0; c < 8; c++) {
+      const int left = hd - d0 - 16 * c;
+      mk[c] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
+    }
+    __m512 acc[3][8];
+    for (int q = 0; q < 3; q++)
+      for (int c = 0; c < 8; c++) acc[q][c] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+      const float* v = vrows[j] + d0;
+      __m512 p[3];
+      for (int q = 0; q < nq; q++) p[q] = _mm512_set1_ps(ps[q][j]);
+      for (int c = 0; c < 8; c++) {
+        if (!mk[c]) break;
+        const __m512 vc = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
+        for (int q = 0; q < nq; q++)
+          if (j < ns[q]) acc[q][c] = _mm512_fmadd_ps(p[q], vc, acc[q][c]);
+      }
+    }
+    for (int q = 0; q < nq; q++)
+      for (int c = 0; c < 8 && mk[c]; c++) _mm512_mask_storeu_ps(outs[q] + d0 + 16 * c, mk[c], acc[q][c]);
+  }
+}
+
 }  // namespace
 
 const Kernels& kernelsAvx512() {
-  static const Kernels k{"avx512", L, matmul, dot, axpy, siluMul, expSum};
+  static const Kernels k{"avx512", L, matmul, dot, axpy, siluMul, expSum, scores, weightedSum};
   return k;
 }
 

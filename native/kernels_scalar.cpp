@@ -81,6 +81,23 @@ float expSum(float* s, int n, float max) {
   return sum;
 }
 
+void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+  for (int q = 0; q < nq; q++)
+    for (int j = 0; j < n; j++) {
+      float acc = 0.0f;
+      for (int d = 0; d < hd; d++) acc = std::fma(qs[q][d], kt[static_cast<size_t>(d) * stride + j], acc);
+      out[q][j] = acc * scale;
+    }
+}
+
+void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
+  for (int q = 0; q < nq; q++) {
+    float* o = outs[q];
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int j = 0; j < ns[q]; j++) axpy(ps[q][j], vrows[j], o, hd);
+  }
+}
+
 const Kernels& select() {
   __builtin_cpu_init();
   bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -121,7 +138,7 @@ void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weig
 }
 
 const Kernels& kernelsScalar() {
-  static const Kernels k{"scalar", L, matmul, dot, axpy, siluMul, expSum};
+  static const Kernels k{"scalar", L, matmul, dot, axpy, siluMul, expSum, scores, weightedSum};
   return k;
 }
 

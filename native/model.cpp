@@ -122,10 +122,14 @@ void Model::layer(int l, const StepInput& in) {
   const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * cfg_.blockSize * kvDim;
   float* kc = kCache_.data() + layerOffset;
   float* vc = vCache_.data() + layerOffset;
+  const int bs = cfg_.blockSize;
   for (int t = 0; t < T; t++) {
-    size_t slot = static_cast<size_t>(in.slotMapping[t]) * kvDim;
-    std::copy_n(kv_k_.data() + static_cast<size_t>(t) * kvDim, kvDim, kc + slot);
-    std::copy_n(kv_v_.data() + static_cast<size_t>(t) * kvDim, kvDim, vc + slot);
+    const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
+    const float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
+    for (int h = 0; h < cfg_.kvHeads; h++)  // keys dimension-major within the block (see pagedAttention)
+      for (int d = 0; d < hd; d++)
+        kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = kt[static_cast<size_t>(h) * hd + d];
+    std::copy_n(kv_v_.data() + static_cast<size_t>(t) * kvDim, kvDim, vc + static_cast<size_t>(slot) * kvDim);
   }
   if (in.injectFailure) throw std::runtime_error("injected failure in layer " + std::to_string(l));
 
@@ -181,13 +185,17 @@ StepOutput Model::step(const StepInput& in) {
   for (int l = 0; l < cfg_.layers; l++) layer(l, in);
 
   // Only the sampled rows go through the final norm and the vocabulary projection.
-  std::vector<float> rows(static_cast<size_t>(S) * H), logits(static_cast<size_t>(S) * cfg_.vocab);
+  // Reused across steps: a fresh (S × vocab) buffer per step would be page-faulted and zeroed every time.
+  grow(rows_, static_cast<size_t>(S) * H);
+  grow(logits_, static_cast<size_t>(S) * cfg_.vocab);
+  float* rows = rows_.data();
+  const float* logits = logits_.data();
   for (int i = 0; i < S; i++)
-    std::copy_n(x_.data() + static_cast<size_t>(in.sampleRows[i]) * H, H, rows.data() + static_cast<size_t>(i) * H);
-  rmsnorm(rows.data(), finalNorm_.data(), rows.data(), S, H, cfg_.rmsEps);
+    std::copy_n(x_.data() + static_cast<size_t>(in.sampleRows[i]) * H, H, rows + static_cast<size_t>(i) * H);
+  rmsnorm(rows, finalNorm_.data(), rows, S, H, cfg_.rmsEps);
   if (S > 0) {
     Timer t(profile_.lmHead);
-    matmulParallel(k_, rows.data(), S, lmHead_, logits.data(), xpack_);
+    matmulParallel(k_, rows, S, lmHead_, logits_.data(), xpack_);
   }
   const auto sampleStart = std::chrono::steady_clock::now();
 
@@ -203,7 +211,7 @@ StepOutput Model::step(const StepInput& in) {
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < S; i++) {
       const SamplingParams& p = in.params[i];
-      Sampled s = sampleToken(logits.data() + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, p,
+      Sampled s = sampleToken(k_, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, p,
                               in.promptTokens.data() + in.promptOffsets[i], in.promptOffsets[i + 1] - in.promptOffsets[i],
                               in.outputTokens.data() + in.outputOffsets[i], in.outputOffsets[i + 1] - in.outputOffsets[i],
                               p.numLogprobs, out.topIds.data() + static_cast<size_t>(i) * out.topN,
@@ -220,7 +228,7 @@ StepOutput Model::step(const StepInput& in) {
   profile_.other += total - accounted;
   profile_.steps++;
   profile_.tokens += T;
-  if (in.returnLogits) out.logits = std::move(logits);
+  if (in.returnLogits) out.logits.assign(logits, logits + static_cast<size_t>(S) * cfg_.vocab);
   return out;
 }
 

@@ -79,14 +79,16 @@ class Model {
   std::vector<PackedLayer> packed_;
   PackedMatrix lmHead_;
   std::vector<float> finalNorm_;
-  // K/V pools per layer: (layers, numBlocks, blockSize, kvHeads, headDim).
+  // K/V pools per layer: K as (numBlocks, kvHeads, headDim, blockSize) so a
+  // block's keys are vector lanes for the score kernel; V as
+  // (numBlocks, blockSize, kvHeads, headDim) for accumulating along headDim.
   // Stored as fp32: a step reads each cached row once per query head group,
   // and at the context lengths we serve on a CPU the weight reads dominate
   // bandwidth, so bf16 K/V would save little while costing fidelity against
   // the fp32 reference. One contiguous allocation, made once.
   std::vector<float> kCache_, vCache_;
   // Activations, grown to the largest step seen and reused.
-  std::vector<float> xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
+  std::vector<float> rows_, logits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
 };
 
 }  // namespace weft

@@ -22,8 +22,8 @@ void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin
 struct AttentionArgs {
   const float* q;               // (T, heads, hd)
   float* out;                   // (T, heads, hd)
-  const float* kCache;          // (numBlocks, blockSize, kvHeads, hd) of this layer
-  const float* vCache;
+  const float* kCache;          // (numBlocks, kvHeads, hd, blockSize) of this layer: keys dimension-major
+  const float* vCache;          // (numBlocks, blockSize, kvHeads, hd) of this layer
   const int32_t* positions;     // (T)
   const int32_t* seqStarts;     // (B+1) rows of each sequence
   const int32_t* blockTables;   // (B, maxBlocks)

@@ -1,4 +1,5 @@
 #include "sampling.h"
+#include "kernels.h"
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -103,37 +104,53 @@ int sampleFromCandidates(const float* logits, const SamplingParams& p, std::vect
 
 }  // namespace
 
-Sampled sampleToken(const float* logits, int vocab, const SamplingParams& p,
+Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const SamplingParams& p,
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch) {
   // Log-probs are reported from the model's raw distribution, as vLLM does by default.
-  float maxLogit = logits[argmax(logits, vocab)];
-  double sum = 0;
-  for (int i = 0; i < vocab; i++) sum += std::exp(static_cast<double>(logits[i]) - maxLogit);
-  float lse = maxLogit + static_cast<float>(std::log(sum));
-
+  const int best = argmax(logits, vocab);
+  const float maxLogit = logits[best];
   scratch.assign(logits, logits + vocab);
-  std::vector<int> counts;
-  applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
+  const float lse = maxLogit + std::log(k.expSum(scratch.data(), vocab, maxLogit));
+
+  // Penalties change a copy; without them the raw logits are sampled directly.
+  const float* work = logits;
+  if (p.repetitionPenalty != 1.0f || p.presencePenalty != 0.0f || p.frequencyPenalty != 0.0f) {
+    scratch.assign(logits, logits + vocab);
+    std::vector<int> counts;
+    applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
+    work = scratch.data();
+  }
 
   Sampled s;
   if (p.temperature <= 1e-5f || p.topK == 1) {
-    s.token = argmax(scratch.data(), vocab);
+    s.token = work == logits ? best : argmax(work, vocab);
   } else {
     std::vector<int> cand(vocab);
     std::iota(cand.begin(), cand.end(), 0);
-    s.token = sampleFromCandidates(scratch.data(), p, cand);
+    s.token = sampleFromCandidates(work, p, cand);
   }
   s.logprob = logits[s.token] - lse;
 
-  if (topN > 0) {
-    std::vector<int> idx(vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    int n = std::min(topN, vocab);
-    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), ByLogit{logits});
+  if (topN > 0) {  // one pass keeping the best topN in a small heap (worst on top)
+    const int n = std::min(topN, vocab);
+    ByLogit better{logits};
+    std::vector<int> heap;
+    heap.reserve(n + 1);
+    for (int i = 0; i < vocab; i++) {
+      if (static_cast<int>(heap.size()) < n) {
+        heap.push_back(i);
+        std::push_heap(heap.begin(), heap.end(), better);
+      } else if (better(i, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = i;
+        std::push_heap(heap.begin(), heap.end(), better);
+      }
+    }
+    std::sort(heap.begin(), heap.end(), better);
     for (int i = 0; i < n; i++) {
-      topIds[i] = idx[i];
-      topLps[i] = logits[idx[i]] - lse;
+      topIds[i] = heap[i];
+      topLps[i] = logits[heap[i]] - lse;
     }
   }
   return s;

@@ -26,7 +26,7 @@ struct Sampled {
 
 // Samples one token from `logits` (vocab floats, left unchanged). Writes the
 // top `topN` (id, logprob) pairs of the raw distribution into topIds/topLps.
-Sampled sampleToken(const float* logits, int vocab, const SamplingParams& p,
+Sampled sampleToken(const struct Kernels& k, const float* logits, int vocab, const SamplingParams& p,
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch);
 
