@@ -10,6 +10,7 @@ import { DEFAULT_DB_PATH } from "./store/database.js";
 import { DEFAULT_ENGINE_CONFIG } from "./engine/engine-manager.js";
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
+import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
 import { exportGguf } from "./model/gguf-export.js";
 import { peerBench, type PeerOptions } from "./bench/peer.js";
 import fs from "node:fs";
@@ -86,6 +87,10 @@ program
   .option("--priority-aging-rate <r>", "priority gained per second of waiting", numArg("--priority-aging-rate"), d.agingRate)
   .option("--max-waiting-requests <n>", "queue length beyond which requests get 429", intArg("--max-waiting-requests", 1), d.maxWaitingRequests)
   .option("--max-model-len <n>", "cap the context length (0: the model's)", intArg("--max-model-len"), 0)
+  .option("--rate-limit <n>", "requests per minute per API key (0: unlimited)", intArg("--rate-limit"), 0)
+  .option("--rate-limit-tokens <n>", "prompt + completion tokens per minute per API key (0: unlimited)", intArg("--rate-limit-tokens"), 0)
+  .option("--stream-stall-timeout <s>", "seconds a streaming client may stop reading before its request is aborted", numArg("--stream-stall-timeout"), 30)
+  .option("--stream-max-buffer <bytes>", "bytes buffered for a slow streaming client before its request is aborted", intArg("--stream-max-buffer", 1), 4 * 1024 * 1024)
   .action(serve);
 
 program.addCommand(keysCommand());
@@ -122,6 +127,20 @@ bench
     if (o.mode !== "sweep" && o.mode !== "compare") throw new InvalidArgumentError("--mode must be sweep or compare");
     await offlineBench(o);
   });
+
+bench
+  .command("serve")
+  .description("the same workload over HTTP (streaming) against any OpenAI-compatible server; JSON and an SVG chart")
+  .requiredOption("--base-url <url>", "server address, e.g. http://127.0.0.1:8000")
+  .requiredOption("--model <id>", "model id on that server")
+  .option("--api-key <key>", "bearer key")
+  .option("--concurrency <list>", "concurrency levels", intList("--concurrency"), [1, 4, 16, 32])
+  .option("--num-prompts <n>", "requests per level", intArg("--num-prompts", 1), 32)
+  .option("--prompt-len <n>", "prompt tokens (random ids); absent: the built-in prompt set", intArg("--prompt-len", 1))
+  .option("--output-len <n>", "tokens generated per request (EOS ignored)", intArg("--output-len", 1), 64)
+  .option("--json <file>", "write the results as JSON")
+  .option("--svg <file>", "write a chart of throughput and p99 latency against concurrency")
+  .action(async (o: ServeBenchOptions) => void (await serveBench(o)));
 
 bench
   .command("profile")

@@ -93,3 +93,24 @@ test("export-gguf: llama.cpp greedy-decodes the exported fixture to the same tok
   // f16 rounding of the weights can flip a near-tie late in the sequence; the first tokens must agree.
   assert.deepEqual(out.slice(0, 4), weft.tokenIds.slice(0, 4));
 });
+
+test("smoke: weft bench serve streams over HTTP and writes JSON and an SVG chart", async () => {
+  const { startServer } = await import("./support/server.js");
+  const { serveBench } = await import("../src/bench/serve-bench.js");
+  const s = await startServer();
+  try {
+    const dir = tempDir();
+    const results = await serveBench({ baseUrl: s.url, model: "tiny", concurrency: [1, 3], numPrompts: 3, promptLen: 8, outputLen: 4,
+      json: path.join(dir, "r.json"), svg: path.join(dir, "r.svg"), quiet: true });
+    for (const r of results) {
+      assert.equal(r.completion_tokens, 12);
+      assert.equal(r.prompt_tokens, 24);
+      assert.ok(r.itl_p50_ms >= 0 && r.ttft_p99_ms >= r.ttft_p50_ms);
+    }
+    const svg = fs.readFileSync(path.join(dir, "r.svg"), "utf8");
+    assert.match(svg, /^<svg[\s\S]*<path d="M[\d.]+,[\d.]+ L[\d.]+,[\d.]+"[\s\S]*<\/svg>$/);
+    assert.equal((JSON.parse(fs.readFileSync(path.join(dir, "r.json"), "utf8")) as { results: unknown[] }).results.length, 2);
+  } finally {
+    await s.close();
+  }
+});

@@ -243,3 +243,20 @@ test("real model: 32 concurrent requests each equal their solo run", async () =>
   assert.deepEqual(together.map((o) => o.tokenIds), solo);
   assertNoLeaks(engine);
 });
+
+test("penalties change what is sampled; without them the same request repeats itself", async () => {
+  const ckpt = loadCheckpoint(path.join(FIXTURES, "tiny-qwen3"));
+  const engine = new Engine(new ModelRunner(ckpt, { numBlocks: 64, blockSize: 16 }), { ...OPTIONS, numBlocks: 64, blockSize: 16, vocabSize: ckpt.config.vocab });
+  const run = async (over: Partial<SamplingParams>): Promise<number[]> =>
+    (await engine.add({ promptTokenIds: [352, 24944, 50865, 95443, 92077], params: greedy(12, over) }).collect()).tokenIds;
+  const plain = await run({});
+  assert.ok(new Set(plain).size < plain.length, "greedy decoding of the fixture repeats a token");
+  const rep = await run({ repetitionPenalty: 3 });
+  const pres = await run({ presencePenalty: 2 });
+  const freq = await run({ frequencyPenalty: 2 });
+  for (const out of [rep, pres, freq]) {
+    assert.notDeepEqual(out, plain);
+    assert.ok(new Set(out).size > new Set(plain).size, "penalties discourage repeats");
+  }
+  assert.deepEqual(await run({}), plain);
+});

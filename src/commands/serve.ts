@@ -10,6 +10,7 @@ import { parseModelSpec, resolveModelSource } from "../model/registry.js";
 import { Authenticator } from "../server/auth.js";
 import { buildServer } from "../server/app.js";
 import { Metrics } from "../server/metrics.js";
+import { RateLimiter } from "../server/rate-limiter.js";
 import { DEFAULT_DB_PATH, KeyStore } from "../store/database.js";
 
 export interface ServeOptions {
@@ -30,6 +31,10 @@ export interface ServeOptions {
   priorityAgingRate: number;
   maxWaitingRequests: number;
   maxModelLen: number;
+  rateLimit: number;
+  rateLimitTokens: number;
+  streamStallTimeout: number;
+  streamMaxBuffer: number;
 }
 
 export const DEMO_PRESET = "qwen3-0.6b";
@@ -73,7 +78,11 @@ export async function serve(o: ServeOptions): Promise<void> {
     (id) => metrics.observer(id), (m) => log.info(m));
   const store = new KeyStore(o.db);
   const auth = new Authenticator(store, o.apiKey ?? null);
-  const server = buildServer({ manager, auth, store, logger: log, metrics, bodyLimit: o.bodyLimit, protectMetrics: o.protectMetrics ?? false });
+  const server = buildServer({
+    manager, auth, store, logger: log, metrics, bodyLimit: o.bodyLimit, protectMetrics: o.protectMetrics ?? false,
+    rateLimiter: new RateLimiter({ requestsPerMinute: o.rateLimit, tokensPerMinute: o.rateLimitTokens }),
+    sseLimits: { stallTimeoutMs: o.streamStallTimeout * 1000, maxBufferedBytes: o.streamMaxBuffer },
+  });
   let stopping = false;
   const stop = (signal: string): void => {
     if (stopping) return;

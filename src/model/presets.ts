@@ -25,6 +25,12 @@ export const PRESETS: Record<string, Preset> = {
     config: qwen3({ hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, max_position_embeddings: 4096 }),
     generationEos: [151645, 151643],
   },
+  small: {
+    description: "4-layer Qwen3 shape (hidden 256) with the Qwen3 tokenizer: big enough for timing tests, quick to make",
+    tokenizer: "qwen3",
+    config: qwen3({ hidden_size: 256, intermediate_size: 768, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 64, max_position_embeddings: 8192 }),
+    generationEos: [151645, 151643],
+  },
   "tiny-llama": {
     description: "2-layer Llama shape (hidden 64) with the Llama 2 tokenizer",
     tokenizer: "llama2",

@@ -13,6 +13,8 @@ import type { Authenticator, Caller } from "./auth.js";
 import { Metrics } from "./metrics.js";
 import { parseChatRequest, parseCompletionRequest } from "./request-schema.js";
 import { priorityName, runGeneration, type RequestSummary } from "./generation.js";
+import type { RateLimiter } from "./rate-limiter.js";
+import type { SseLimits } from "./sse.js";
 
 export interface ServerOptions {
   manager: EngineManager;
@@ -24,6 +26,8 @@ export interface ServerOptions {
   bodyLimit: number;
   /** Require an API key on /metrics too. */
   protectMetrics: boolean;
+  rateLimiter: RateLimiter;
+  sseLimits: SseLimits;
 }
 
 export interface Server {
@@ -68,9 +72,11 @@ export function buildServer(o: ServerOptions): Server {
     if (!o.manager.has(parsed.model)) throw new ApiError("model_not_found", `The model '${parsed.model}' does not exist.`, "model");
     const model = loadModel(o.manager, parsed.model);
     const caller = req.caller!;
+    o.rateLimiter.admit(caller.tenant);
     const priority = batch ? Priority.LOW : caller.priority;
     const started = performance.now();
     const onDone = (s: RequestSummary): void => {
+      o.rateLimiter.charge(caller.tenant, s.promptTokens + s.completionTokens);
       if (caller.keyName && o.store) o.store.recordUsage(caller.keyName, s.promptTokens, s.completionTokens);
       o.logger.info({
         id: req.id, tenant: caller.tenant, model: parsed.model, priority: priorityName(priority), prompt_tokens: s.promptTokens,
@@ -78,7 +84,8 @@ export function buildServer(o: ServerOptions): Server {
         duration_ms: Math.round(performance.now() - started), finish_reason: s.finishReasons.join(","),
       }, "request");
     };
-    await runGeneration(parsed, { model, caller, priority, requestId: req.id, onDone }, reply);
+    const onStall = (): void => o.logger.warn({ id: req.id, tenant: caller.tenant }, "stream reader stalled: request aborted");
+    await runGeneration(parsed, { model, caller, priority, requestId: req.id, onDone, sseLimits: o.sseLimits, onStall }, reply);
   };
 
   app.post("/v1/chat/completions", generate("chat", false));

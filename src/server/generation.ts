@@ -11,7 +11,7 @@ import { Priority, type GeneratedLogprob } from "../engine/request.js";
 import { defaultSamplingParams, type SamplingParams } from "../engine/sampling-params.js";
 import { ApiError } from "./errors.js";
 import type { ChatRequest, CompletionRequest } from "./request-schema.js";
-import { SseWriter } from "./sse.js";
+import { SseWriter, type SseLimits } from "./sse.js";
 import type { Caller } from "./auth.js";
 
 export interface GenerationContext {
@@ -21,6 +21,9 @@ export interface GenerationContext {
   requestId: string;
   /** Called once when the request ends: the per-request log line and usage record. */
   onDone: (summary: RequestSummary) => void;
+  sseLimits: SseLimits;
+  /** Called when a stalled stream reader is cut off. */
+  onStall: () => void;
 }
 
 export interface RequestSummary {
@@ -200,7 +203,7 @@ function promptText(model: LoadedModel, r: CompletionRequest, ids: number[], i: 
 async function streamResponse(r: ChatRequest | CompletionRequest, ctx: GenerationContext, p: Prepared, reply: FastifyReply,
   finish: (o: RequestOutput[]) => void): Promise<void> {
   reply.hijack();
-  const sse = new SseWriter(reply.raw);
+  const sse = new SseWriter(reply.raw, ctx.sseLimits, ctx.onStall);
   const id = newId(r.kind === "chat" ? "chatcmpl" : "cmpl");
   const created = Math.floor(Date.now() / 1000);
   const object = r.kind === "chat" ? "chat.completion.chunk" : "text_completion";

@@ -6,6 +6,8 @@ import { EngineManager, DEFAULT_ENGINE_CONFIG, type EngineConfig } from "../../s
 import { Authenticator } from "../../src/server/auth.js";
 import { buildServer, type Server } from "../../src/server/app.js";
 import { Metrics } from "../../src/server/metrics.js";
+import { RateLimiter, type RateLimits } from "../../src/server/rate-limiter.js";
+import { DEFAULT_SSE_LIMITS, type SseLimits } from "../../src/server/sse.js";
 import { KeyStore } from "../../src/store/database.js";
 import { completeFixtureModel, tempDir } from "../helpers.js";
 
@@ -24,6 +26,10 @@ export interface TestServerOptions {
   apiKey?: string;
   bodyLimit?: number;
   protectMetrics?: boolean;
+  rateLimits?: RateLimits;
+  sseLimits?: SseLimits;
+  /** Model directory (default: the tiny-qwen3 fixture). */
+  modelDir?: string;
 }
 
 let modelDir: string | null = null;
@@ -38,12 +44,15 @@ export async function startServer(o: TestServerOptions = {}): Promise<TestServer
   const logger = pino({ base: undefined }, sink);
   const dbFile = path.join(tempDir(), "weft.db");
   const store = new KeyStore(dbFile);
-  const models = new Map([["tiny", fixtureModelDir()]]);
+  const models = new Map([["tiny", o.modelDir ?? fixtureModelDir()]]);
   const config: EngineConfig = { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 64 * 2 ** 20, blockSize: 16, maxModelLen: 1024, ...o.engine };
   const metrics = new Metrics(() => manager);
   const manager: EngineManager = new EngineManager(models, config, 2, (id) => metrics.observer(id));
   const auth = new Authenticator(store, o.apiKey ?? null);
-  const server = buildServer({ manager, auth, store, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false });
+  const server = buildServer({
+    manager, auth, store, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false,
+    rateLimiter: new RateLimiter(o.rateLimits ?? { requestsPerMinute: 0, tokensPerMinute: 0 }), sseLimits: o.sseLimits ?? DEFAULT_SSE_LIMITS,
+  });
   await server.app.listen({ host: "127.0.0.1", port: 0 });
   const port = (server.app.server.address() as { port: number }).port;
   return {
