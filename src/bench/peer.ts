@@ -54,9 +54,8 @@ async function llamaDecode(gguf: string, prompts: number[][], outputLen: number)
   const { llama, model } = await loadPeer(gguf);
   const n = prompts.length;
   const ctx = await model.createContext({
-    sequences: n, contextSize: n * (prompts[0]!.length + outputLen + 8), batchSize: Math.max(512, n), threads: os.cpus().length,
-    // Its RAM estimate counts Weft's model, loaded in this same process; the sizes here are known to fit.
-    ignoreMemorySafetyChecks: true,
+    // The context size is per sequence here: llama.cpp allocates it for each of the n sequences.
+    sequences: n, contextSize: prompts[0]!.length + outputLen + 8, batchSize: Math.max(512, n), threads: os.cpus().length,
   });
   const sizes: number[] = [];
   const internals = ctx as unknown as LlamaContextInternals;

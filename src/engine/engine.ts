@@ -108,10 +108,11 @@ export class Engine {
   }
 
   /** Ends a request now: its blocks are free at once and its stream ends with finish_reason "abort". */
-  abort(id: string, status = RequestStatus.FINISHED_ABORTED, error?: string): void {
+  abort(id: string, status = RequestStatus.FINISHED_ABORTED, error?: string, errorKind: "shutdown" | "internal" = "internal"): void {
     const l = this.live.get(id);
     if (!l) return;
     if (error) l.request.error = error;
+    l.request.errorKind = errorKind;
     this.scheduler.finish(l.request, status);
     this.complete(l);
   }
@@ -149,7 +150,7 @@ export class Engine {
     this.accepting = false;
     const deadline = Date.now() + timeoutMs;
     while (this.scheduler.hasWork && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-    for (const id of [...this.live.keys()]) this.abort(id, RequestStatus.FINISHED_ERROR, "the server is shutting down");
+    for (const id of [...this.live.keys()]) this.abort(id, RequestStatus.FINISHED_ERROR, "the server is shutting down", "shutdown");
     await this.loop;
   }
 
@@ -265,7 +266,7 @@ export class Engine {
     out.finished = true;
     out.finishReason = finishReason(r.status) ?? "error";
     out.usage = { promptTokens: r.promptTokenIds.length, completionTokens: r.outputTokenIds.length, cachedTokens: r.numCachedTokens };
-    if (r.error) out.error = r.error;
+    if (r.error) Object.assign(out, { error: r.error, errorKind: r.errorKind });
     this.observer.e2eLatency?.(this.now() - r.arrivalTime);
     this.observer.finished?.(r);
     l.stream.push(out);

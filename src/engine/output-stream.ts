@@ -19,6 +19,8 @@ export interface RequestOutput {
   usage?: Usage;
   /** Set when finishReason is "error". */
   error?: string;
+  /** Why it failed: the engine shut down (retry elsewhere), or a fault. */
+  errorKind?: "shutdown" | "internal";
 }
 
 export class OutputStream implements AsyncIterable<RequestOutput> {
@@ -71,7 +73,7 @@ export class OutputStream implements AsyncIterable<RequestOutput> {
       all.tokenIds.push(...o.tokenIds);
       all.text += o.text;
       all.logprobs.push(...o.logprobs);
-      if (o.finished) Object.assign(all, { finished: true, finishReason: o.finishReason, usage: o.usage, error: o.error });
+      if (o.finished) Object.assign(all, { finished: true, finishReason: o.finishReason, usage: o.usage, error: o.error, errorKind: o.errorKind });
     }
     return all;
   }

@@ -63,6 +63,7 @@ export class Request {
   lastTokenTime: number | null = null;
   scheduledTime: number | null = null;
   error: string | null = null;
+  errorKind: "shutdown" | "internal" = "internal";
 
   constructor(
     readonly id: string,

@@ -170,6 +170,7 @@ async function wholeResponse(r: ChatRequest | CompletionRequest, ctx: Generation
   const full = await Promise.all(p.choices.map((c) => c.stream.collect()));
   finish(full);
   const failed = full.find((o) => o.finishReason === "error");
+  if (failed?.errorKind === "shutdown") throw new ApiError("shutting_down", `The server shut down before request ${ctx.requestId} finished.`, null, 5);
   if (failed) throw new ApiError("internal_error", `generation failed (request ${ctx.requestId}): ${failed.error ?? "unknown error"}`);
   if (reply.raw.destroyed) return;
   const id = newId(r.kind === "chat" ? "chatcmpl" : "cmpl");
@@ -211,7 +212,7 @@ async function streamResponse(r: ChatRequest | CompletionRequest, ctx: Generatio
     id, object, created, model: ctx.model.id, choices, ...(r.includeUsage ? { usage: null } : {}), ...extra,
   });
   const finals: RequestOutput[] = [];
-  let error: string | null = null;
+  let error: RequestOutput | null = null;
   await Promise.all(p.choices.map(async (c) => {
     if (r.kind === "chat") sse.send(chunk([{ index: c.index, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }]));
     else if (r.echo) sse.send(chunk([{ index: c.index, text: promptText(ctx.model, r, p.prompts[c.promptIndex]!, c.promptIndex), logprobs: null, finish_reason: null }]));
@@ -219,7 +220,7 @@ async function streamResponse(r: ChatRequest | CompletionRequest, ctx: Generatio
     for await (const o of c.stream) {
       if (o.finished) finals.push(o);
       if (o.finishReason === "error") {
-        error ??= o.error ?? "generation failed";
+        error ??= o;
         continue;
       }
       const finishReason = o.finished ? o.finishReason : null;
@@ -237,7 +238,10 @@ async function streamResponse(r: ChatRequest | CompletionRequest, ctx: Generatio
   }));
   finish(finals);
   if (error !== null) {
-    sse.send(new ApiError("internal_error", `generation failed (request ${ctx.requestId}): ${error}`).body());
+    const e: RequestOutput = error;
+    sse.send(e.errorKind === "shutdown"
+      ? new ApiError("shutting_down", `The server shut down before request ${ctx.requestId} finished.`).body()
+      : new ApiError("internal_error", `generation failed (request ${ctx.requestId}): ${e.error ?? "unknown error"}`).body());
   } else if (r.includeUsage) {
     sse.send({ id, object, created, model: ctx.model.id, choices: [], usage: usage(p.prompts, finals) });
   }
