@@ -1,4 +1,5 @@
 #include "model.h"
+#include <sys/mman.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -49,8 +50,12 @@ Model::Model(ModelConfig config, Weights weights)
   finalNorm_ = widen(w_.finalNorm);
   if (w_.lmHead.data != w_.embed.data) releasePages(w_.lmHead);  // a tied head is still the embedding table
   size_t perLayer = static_cast<size_t>(cfg_.numBlocks) * cfg_.blockSize * cfg_.kvHeads * cfg_.headDim;
-  kCache_.assign(perLayer * cfg_.layers, 0.0f);
-  vCache_.assign(perLayer * cfg_.layers, 0.0f);
+  kvFloats_ = perLayer * cfg_.layers;
+  for (float** pool : {&kCache_, &vCache_}) {
+    void* mem = mmap(nullptr, kvFloats_ * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) throw std::runtime_error("cannot allocate the KV cache (" + std::to_string(kvFloats_ * 8 >> 20) + " MiB)");
+    *pool = static_cast<float*>(mem);
+  }
 }
 
 void Model::validate(const StepInput& in) const {
@@ -89,6 +94,11 @@ void Model::validate(const StepInput& in) const {
               static_cast<size_t>(in.outputOffsets[S]) <= in.outputTokens.size(), "penalty offsets past their tokens");
 }
 
+Model::~Model() {
+  if (kCache_) munmap(kCache_, kvFloats_ * sizeof(float));
+  if (vCache_) munmap(vCache_, kvFloats_ * sizeof(float));
+}
+
 Profile Model::takeProfile() {
   std::lock_guard<std::mutex> lock(profileMutex_);
   Profile p = profile_;
@@ -120,8 +130,8 @@ void Model::layer(int l, const StepInput& in) {
   rope(kv_k_.data(), T, cfg_.kvHeads, hd, cos_.data(), sin_.data());
 
   const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * cfg_.blockSize * kvDim;
-  float* kc = kCache_.data() + layerOffset;
-  float* vc = vCache_.data() + layerOffset;
+  float* kc = kCache_ + layerOffset;
+  float* vc = vCache_ + layerOffset;
   const int bs = cfg_.blockSize;
   for (int t = 0; t < T; t++) {
     const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;

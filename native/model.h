@@ -52,8 +52,11 @@ struct Profile {
 class Model {
  public:
   Model(ModelConfig config, Weights weights);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
   StepOutput step(const StepInput& in);
-  size_t kvCacheBytes() const { return kCache_.size() * sizeof(float) * 2; }
+  size_t kvCacheBytes() const { return kvFloats_ * sizeof(float) * 2; }
   const ModelConfig& config() const { return cfg_; }
   Profile takeProfile();
 
@@ -86,7 +89,10 @@ class Model {
   // and at the context lengths we serve on a CPU the weight reads dominate
   // bandwidth, so bf16 K/V would save little while costing fidelity against
   // the fp32 reference. One contiguous allocation, made once.
-  std::vector<float> kCache_, vCache_;
+  // Allocated once with mmap: pages are zero and take no memory until a block is first written.
+  size_t kvFloats_ = 0;
+  float* kCache_ = nullptr;
+  float* vCache_ = nullptr;
   // Activations, grown to the largest step seen and reused.
   std::vector<float> rows_, logits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
 };

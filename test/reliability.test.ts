@@ -10,6 +10,7 @@ import { startServer, metric, fixtureModelDir, type TestServer } from "./support
 import { kvBytesPerBlock } from "../src/engine/engine-manager.js";
 import { readModelConfig } from "../src/model/config.js";
 import { percentile } from "../src/bench/stats.js";
+import { readSseEvents } from "../src/bench/sse-reader.js";
 import { makeModel } from "../src/model/make-model.js";
 import { tempDir } from "./helpers.js";
 
@@ -37,26 +38,15 @@ async function streamCompletion(url: string, body: Record<string, unknown>, opts
     const res = await fetch(`${url}/v1/completions`, { method: "POST", headers, body: JSON.stringify({ ...body, stream: true }), signal: ctrl.signal });
     out.status = res.status;
     if (res.status !== 200) return (out.error = await res.json()), out;
-    const reader = res.body!.getReader();
-    const decoder = new TextDecoder();
-    let buf = "", chunks = 0;
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += decoder.decode(value, { stream: true });
-      let i;
-      while ((i = buf.indexOf("\n\n")) >= 0) {
-        const line = buf.slice(0, i);
-        buf = buf.slice(i + 2);
-        if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-        const ev = JSON.parse(line.slice(6)) as { choices?: { text: string; finish_reason: string | null }[]; error?: unknown };
-        if (ev.error) out.error = ev.error;
-        const c = ev.choices?.[0];
-        if (c?.text) out.ttftMs ??= performance.now() - start;
-        out.text += c?.text ?? "";
-        out.finish = c?.finish_reason ?? out.finish;
-        if (opts.abortAfterChunks !== undefined && ++chunks >= opts.abortAfterChunks) ctrl.abort();
-      }
+    let chunks = 0;
+    for await (const raw of readSseEvents(res.body!)) {
+      const ev = raw as { choices?: { text: string; finish_reason: string | null }[]; error?: unknown };
+      if (ev.error) out.error = ev.error;
+      const c = ev.choices?.[0];
+      if (c?.text) out.ttftMs ??= performance.now() - start;
+      out.text += c?.text ?? "";
+      out.finish = c?.finish_reason ?? out.finish;
+      if (opts.abortAfterChunks !== undefined && ++chunks >= opts.abortAfterChunks) ctrl.abort();
     }
   } catch (e) {
     if (!ctrl.signal.aborted) throw e;

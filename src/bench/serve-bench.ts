@@ -8,6 +8,7 @@ import { chartSvg } from "./chart.js";
 import { summarize, table, type BenchResult, type RequestTiming } from "./stats.js";
 import { BUILTIN_PROMPTS, syntheticPrompts } from "./workload.js";
 import { RESULT_COLUMNS } from "./offline.js";
+import { readSseEvents } from "./sse-reader.js";
 
 export interface ServeBenchOptions {
   baseUrl: string;
@@ -32,29 +33,17 @@ async function streamOne(o: ServeBenchOptions, prompt: string | number[]): Promi
       stream_options: { include_usage: true }, return_token_ids: true }),
   });
   if (res.status !== 200 || !res.body) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
-  const reader = res.body.getReader();
-  const decoder = new TextDecoder();
-  let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += decoder.decode(value, { stream: true });
-    let i;
-    while ((i = buf.indexOf("\n\n")) >= 0) {
-      const line = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-      const ev = JSON.parse(line.slice(6)) as { choices?: { text?: string; token_ids?: number[] }[]; usage?: { prompt_tokens: number; completion_tokens: number } | null; error?: { message: string } };
-      if (ev.error) throw new Error(ev.error.message);
-      const now = performance.now() / 1000;
-      const c = ev.choices?.[0];
-      // Servers that do not return token ids: count one token per chunk with text.
-      const n = c?.token_ids?.length ?? (c?.text ? 1 : 0);
-      for (let k = 0; k < n; k++) t.tokenTimes.push(now);
-      if (ev.usage) {
-        t.promptTokens = ev.usage.prompt_tokens;
-        t.completionTokens = ev.usage.completion_tokens;
-      }
+  for await (const raw of readSseEvents(res.body)) {
+    const ev = raw as { choices?: { text?: string; token_ids?: number[] }[]; usage?: { prompt_tokens: number; completion_tokens: number } | null; error?: { message: string } };
+    if (ev.error) throw new Error(ev.error.message);
+    const now = performance.now() / 1000;
+    const c = ev.choices?.[0];
+    // Servers that do not return token ids: count one token per chunk with text.
+    const n = c?.token_ids?.length ?? (c?.text ? 1 : 0);
+    for (let k = 0; k < n; k++) t.tokenTimes.push(now);
+    if (ev.usage) {
+      t.promptTokens = ev.usage.prompt_tokens;
+      t.completionTokens = ev.usage.completion_tokens;
     }
   }
   t.completionTokens ||= t.tokenTimes.length;
