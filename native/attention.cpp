@@ -20,8 +20,9 @@ void pagedAttention(const Kernels& k, const AttentionArgs& a) {
   const int jobs = a.numSeqs * a.kvHeads;
 #pragma omp parallel
   {
-    std::vector<float> scoreBuf;
-    std::vector<const float*> vrows;
+    // Per worker thread, kept across steps: no allocation per step.
+    static thread_local std::vector<float> scoreBuf;
+    static thread_local std::vector<const float*> vrows;
 #pragma omp for schedule(dynamic, 1)
     for (int job = 0; job < jobs; job++) {
       const int s = job / a.kvHeads, kvh = job % a.kvHeads;

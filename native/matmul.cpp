@@ -7,7 +7,10 @@ namespace weft {
 void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
   if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
   packActivations(x, T, w.K, w.Kp, k.chunk, w.dtype, scratch.data());
-  const float* xp = scratch.data();
+  matmulPacked(k, scratch.data(), T, w, y);
+}
+
+void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& w, float* y) {
   const int groups = w.Np / kPackCols;
   // Each thread takes a contiguous run of column groups; every output element
   // is reduced by one thread in a fixed order.
@@ -17,6 +20,25 @@ void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix&
     int g0 = static_cast<int>(static_cast<long>(groups) * id / nt);
     int g1 = static_cast<int>(static_cast<long>(groups) * (id + 1) / nt);
     if (g0 < g1) k.matmul(xp, T, w, y, g0, g1);
+  }
+}
+
+void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out) {
+  if (out.size() < static_cast<size_t>(T) * w.Kp) out.resize(static_cast<size_t>(T) * w.Kp);
+  const int half = k.chunk / 2;
+  const bool split = w.dtype == DType::BF16;  // bf16 chunks hold even elements, then odd ones
+#pragma omp parallel for if (T > 8)
+  for (int t = 0; t < T; t++) {
+    const float* xr = x + static_cast<size_t>(t) * n;
+    float* o = out.data() + static_cast<size_t>(t) * w.Kp;
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / n + eps);
+    for (int i = n; i < w.Kp; i++) o[split ? (i / k.chunk) * k.chunk + (i % 2) * half + (i % k.chunk) / 2 : i] = 0.0f;
+    for (int i = 0; i < n; i++) {
+      const int at = split ? (i / k.chunk) * k.chunk + (i % 2) * half + (i % k.chunk) / 2 : i;
+      o[at] = weight[i] * (xr[i] * inv);
+    }
   }
 }
 

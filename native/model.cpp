@@ -107,11 +107,34 @@ Profile Model::takeProfile() {
 }
 
 void Model::linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y) {
-  Timer t(profile_.matmul);
-  matmulParallel(k_, x, T, w, y, xpack_);
-  if (bias.empty()) return;
-  for (int t = 0; t < T; t++)
-    for (int n = 0; n < w.N; n++) y[static_cast<size_t>(t) * w.N + n] += bias[n];
+  {
+    Timer t(profile_.matmul);
+    matmulParallel(k_, x, T, w, y, xpack_);
+  }
+  addBias(y, T, bias);
+}
+
+void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T) {
+  const PackedMatrix& first = *outs.begin()->w;
+  bool shared = true;  // one packing serves all when the matrices agree on layout
+  for (const Projection& p : outs) shared = shared && p.w->Kp == first.Kp && p.w->dtype == first.dtype;
+  if (!shared) {
+    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
+    for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);
+    return;
+  }
+  rmsnormPacked(x_.data(), norm.data(), T, cfg_.hidden, cfg_.rmsEps, k_, first, xpack_);
+  for (const Projection& p : outs) {
+    Timer t(profile_.matmul);
+    matmulPacked(k_, xpack_.data(), T, *p.w, p.y);
+    addBias(p.y, T, *p.bias);
+  }
+}
+
+void Model::addBias(float* y, int T, const std::vector<float>& bias) {
+  const int n = static_cast<int>(bias.size());
+  for (int t = 0; t < T && n > 0; t++)
+    for (int i = 0; i < n; i++) y[static_cast<size_t>(t) * n + i] += bias[i];
 }
 
 void Model::layer(int l, const StepInput& in) {
@@ -120,10 +143,7 @@ void Model::layer(int l, const StepInput& in) {
   const int kvDim = cfg_.kvHeads * hd;
 
   // Attention block: norm → q/k/v → (q/k norm) → rope → cache write → paged attention → out proj.
-  rmsnorm(x_.data(), P.attnNorm.data(), xn_.data(), T, H, cfg_.rmsEps);
-  linear(xn_.data(), T, P.wq, P.bq, q_.data());
-  linear(xn_.data(), T, P.wk, P.bk, kv_k_.data());
-  linear(xn_.data(), T, P.wv, P.bv, kv_v_.data());
+  normThenLinear(P.attnNorm, {{&P.wq, &P.bq, q_.data()}, {&P.wk, &P.bk, kv_k_.data()}, {&P.wv, &P.bv, kv_v_.data()}}, T);
   if (!P.qNorm.empty()) rmsnorm(q_.data(), P.qNorm.data(), q_.data(), T * cfg_.heads, hd, cfg_.rmsEps);
   if (!P.kNorm.empty()) rmsnorm(kv_k_.data(), P.kNorm.data(), kv_k_.data(), T * cfg_.kvHeads, hd, cfg_.rmsEps);
   rope(q_.data(), T, cfg_.heads, hd, cos_.data(), sin_.data());
@@ -154,9 +174,8 @@ void Model::layer(int l, const StepInput& in) {
   for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
 
   // MLP block: norm → gate/up → SiLU(gate)·up → down.
-  rmsnorm(x_.data(), P.mlpNorm.data(), xn_.data(), T, H, cfg_.rmsEps);
-  linear(xn_.data(), T, P.gate, {}, gate_.data());
-  linear(xn_.data(), T, P.up, {}, up_.data());
+  const std::vector<float> none;
+  normThenLinear(P.mlpNorm, {{&P.gate, &none, gate_.data()}, {&P.up, &none, up_.data()}}, T);
   for (int t = 0; t < T; t++) {  // row by row: each row's lanes line up the same way in any batch
     const size_t at = static_cast<size_t>(t) * cfg_.intermediate;
     k_.siluMul(gate_.data() + at, up_.data() + at, cfg_.intermediate);
@@ -217,7 +236,7 @@ StepOutput Model::step(const StepInput& in) {
   out.topLogprobs.assign(static_cast<size_t>(S) * out.topN, 0.0f);
 #pragma omp parallel
   {
-    std::vector<float> scratch;
+    static thread_local std::vector<float> scratch;  // kept across steps
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < S; i++) {
       const SamplingParams& p = in.params[i];

@@ -1,6 +1,7 @@
 // The transformer (Llama / Mistral / Qwen2 / Qwen3 family) and its paged KV cache.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <vector>
 #include "kernels.h"
@@ -64,6 +65,14 @@ class Model {
   void validate(const StepInput& in) const;
   void layer(int l, const StepInput& in);
   void linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y);
+  // Several projections of one normalized input: RMSNorm packs it once for all of them.
+  struct Projection {
+    const PackedMatrix* w;
+    const std::vector<float>* bias;
+    float* y;
+  };
+  void normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T);
+  static void addBias(float* y, int T, const std::vector<float>& bias);
 
   // The linear layers repacked for the kernels (see PackedMatrix); norms and
   // biases are read from the mapped files.

@@ -11,6 +11,13 @@ namespace weft {
 // `scratch` holds the packed activations (grown as needed).
 void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch);
 
+// y = xp · wᵀ for activations already in the kernel layout (see packActivations).
+void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& w, float* y);
+
+// RMSNorm written straight into the kernel layout of matrices like `w`:
+// normalizing and packing the activations in one pass (shared by q/k/v, gate/up).
+void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out);
+
 // out[T, n] = x * rsqrt(mean(x²) + eps) * weight, row by row (in place allowed).
 void rmsnorm(const float* x, const float* weight, float* out, int T, int n, float eps);
 
