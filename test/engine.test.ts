@@ -260,3 +260,19 @@ test("penalties change what is sampled; without them the same request repeats it
   }
   assert.deepEqual(await run({}), plain);
 });
+
+test("EngineManager: engines on first use; past --max-loaded-models the least recently used idle one is unloaded", async () => {
+  const { EngineManager, DEFAULT_ENGINE_CONFIG } = await import("../src/engine/engine-manager.js");
+  const dir = path.join(FIXTURES, "tiny-qwen3");
+  const m = new EngineManager(new Map([["a", dir], ["b", dir], ["c", dir]]), { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 2 ** 22 }, 2);
+  assert.deepEqual(m.engines.map((e) => e.id), []);
+  m.get("a");
+  await new Promise((r) => setTimeout(r, 5));
+  m.get("b");
+  await new Promise((r) => setTimeout(r, 5));
+  m.get("a"); // a is now the most recently used
+  m.get("c");
+  assert.deepEqual(m.engines.map((e) => e.id).sort(), ["a", "c"]);
+  await m.shutdown(0);
+  assert.deepEqual(m.engines, []);
+});

@@ -238,3 +238,14 @@ test("beyond --max-waiting-requests: 429 with Retry-After, and the accepted requ
     await small.close();
   }
 });
+
+test("--protect-metrics: /metrics needs a key, /health does not", async () => {
+  const p = await startServer({ protectMetrics: true, apiKey: "static-key" });
+  try {
+    assert.equal((await fetch(`${p.url}/metrics`)).status, 401);
+    assert.equal((await fetch(`${p.url}/metrics`, { headers: { authorization: "Bearer static-key" } })).status, 200);
+    assert.equal((await fetch(`${p.url}/health`)).status, 200);
+  } finally {
+    await p.close();
+  }
+});

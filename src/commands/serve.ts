@@ -3,7 +3,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { pino } from "pino";
-import { DEFAULT_ENGINE_CONFIG, EngineManager, type EngineConfig } from "../engine/engine-manager.js";
+import { DEFAULT_ENGINE_CONFIG, EngineManager, kvBytesPerBlock, planKv, type EngineConfig } from "../engine/engine-manager.js";
 import { makeModel } from "../model/make-model.js";
 import { readModelConfig } from "../model/config.js";
 import { parseModelSpec, resolveModelSource } from "../model/registry.js";
@@ -102,7 +102,9 @@ export async function serve(o: ServeOptions): Promise<void> {
   // Engines are created on first use; check each checkpoint's config now so a bad one fails at start.
   for (const [id, dir] of models) {
     const c = readModelConfig(dir);
-    log.info(`model ${id}: ${c.architecture} at ${dir} (engine starts on first request)`);
+    const kv = planKv(c, manager.config);
+    log.info(`model ${id}: ${c.architecture} at ${dir}; context ${kv.maxModelLen} tokens; KV cache ${kv.numBlocks} blocks × ` +
+      `${manager.config.blockSize} tokens (${((kv.numBlocks * kvBytesPerBlock(c, manager.config.blockSize)) / 2 ** 20).toFixed(0)} MiB); engine starts on first request`);
   }
   await server.app.listen({ host: o.host, port: o.port });
   log.info(`weft listening on http://${o.host}:${(server.app.server.address() as { port: number }).port} ` +

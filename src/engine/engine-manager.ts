@@ -57,15 +57,23 @@ export function kvBytesPerBlock(c: Checkpoint["config"], blockSize: number): num
   return c.layers * blockSize * c.kvHeads * c.headDim * 4 * 2;
 }
 
+/** The context length served and the KV pool's size in blocks, from the config alone (logged at start). */
+export function planKv(c: Checkpoint["config"], cfg: EngineConfig): { maxModelLen: number; numBlocks: number } {
+  const wanted = cfg.maxModelLen > 0 ? Math.min(cfg.maxModelLen, c.maxPositions) : c.maxPositions;
+  // More blocks than every sequence at full length can use would only be prefix cache; cap there.
+  const useful = Math.ceil(wanted / cfg.blockSize) * cfg.maxNumSeqs;
+  const numBlocks = Math.max(1, Math.min(useful, Math.floor(cfg.kvCacheMemory / kvBytesPerBlock(c, cfg.blockSize))));
+  // A context the pool cannot hold even for one request is not served (a chat request's default
+  // max_tokens is the rest of the context, so it must fit).
+  return { maxModelLen: Math.min(wanted, numBlocks * cfg.blockSize), numBlocks };
+}
+
 /** Loads a model directory and builds its engine. */
 export function createModel(id: string, dir: string, cfg: EngineConfig, observer: EngineObserver = {}, log: (msg: string) => void = () => {}): LoadedModel {
   const checkpoint = loadCheckpoint(dir);
   const c = checkpoint.config;
   const tokenizer = fs.existsSync(path.join(dir, "tokenizer.json")) ? TextTokenizer.fromDir(dir) : null;
-  const maxModelLen = cfg.maxModelLen > 0 ? Math.min(cfg.maxModelLen, c.maxPositions) : c.maxPositions;
-  // More blocks than every sequence at full length can use would only be prefix cache; cap there.
-  const useful = Math.ceil(maxModelLen / cfg.blockSize) * cfg.maxNumSeqs;
-  const numBlocks = Math.max(1, Math.min(useful, Math.floor(cfg.kvCacheMemory / kvBytesPerBlock(c, cfg.blockSize))));
+  const { maxModelLen, numBlocks } = planKv(c, cfg);
   const runner = new ModelRunner(checkpoint, { numBlocks, blockSize: cfg.blockSize });
   const eos = [...c.eosTokenIds];
   const eosTok = tokenizer?.eosToken ? tokenizer.tokenId(tokenizer.eosToken) : undefined;
