@@ -6,13 +6,17 @@
 namespace weft {
 
 // One job per (sequence, KV head). Its queries — every row of the sequence in
-// this step × the query heads sharing the KV head — are taken six at a time,
-// so each cached key is loaded once for six queries (and each value row once for three). Keys are stored
+// this step × the query heads sharing the KV head — are taken in tiles of 24:
+// each cached key block is fetched once per tile (and each value row once per
+// three queries). Keys are stored
 // dimension-major within a block, so a query's scores against a block's keys
 // are vector lanes: no horizontal sums. Every query goes through the same
 // operations whatever else is in its group or its batch — scores lane by lane,
 // a softmax over its own context, values accumulated in key order — so
 // results do not depend on the batch or on how a prompt was chunked.
+// Queries per tile: several score-kernel groups share each fetched key block.
+constexpr int kTile = 4 * kMaxScoreQueries;
+
 void pagedAttention(const Kernels& k, const AttentionArgs& a) {
   const int group = a.heads / a.kvHeads;
   const int bs = a.blockSize;
@@ -29,11 +33,11 @@ void pagedAttention(const Kernels& k, const AttentionArgs& a) {
       const int32_t* table = a.blockTables + static_cast<size_t>(s) * a.maxBlocks;
       const int rows = a.seqStarts[s + 1] - a.seqStarts[s];
       const int nQueries = rows * group;
-      for (int q0 = 0; q0 < nQueries; q0 += kMaxScoreQueries) {
-        const int nq = std::min(kMaxScoreQueries, nQueries - q0);
-        int t[kMaxScoreQueries], h[kMaxScoreQueries], ctx[kMaxScoreQueries], maxCtx = 0;
-        const float* qs[kMaxScoreQueries];
-        float* sc[kMaxScoreQueries];
+      for (int q0 = 0; q0 < nQueries; q0 += kTile) {
+        const int nq = std::min(kTile, nQueries - q0);
+        int t[kTile], h[kTile], ctx[kTile], maxCtx = 0;
+        const float* qs[kTile];
+        float* sc[kTile];
         for (int i = 0; i < nq; i++) {
           t[i] = a.seqStarts[s] + (q0 + i) / group;
           h[i] = kvh * group + (q0 + i) % group;
@@ -42,13 +46,20 @@ void pagedAttention(const Kernels& k, const AttentionArgs& a) {
           qs[i] = a.q + (static_cast<size_t>(t[i]) * a.heads + h[i]) * a.hd;
         }
         const size_t padded = (static_cast<size_t>(maxCtx) + bs - 1) / bs * bs;
-        if (scoreBuf.size() < kMaxScoreQueries * padded) scoreBuf.resize(kMaxScoreQueries * padded);
+        if (scoreBuf.size() < kTile * padded) scoreBuf.resize(kTile * padded);
         for (int i = 0; i < nq; i++) sc[i] = scoreBuf.data() + i * padded;
+        // Block by block, every query of the tile: a key block is fetched once and reused from L1
+        // by all of them, so prefill's K traffic grows with (prompt length)² / tile, not (prompt length)².
         for (int b = 0; b * bs < maxCtx; b++) {
           const float* kt = a.kCache + (static_cast<size_t>(table[b]) * a.kvHeads + kvh) * a.hd * bs;
-          float* out[kMaxScoreQueries];
-          for (int i = 0; i < nq; i++) out[i] = sc[i] + b * bs;
-          k.scores(qs, nq, kt, bs, a.hd, std::min(bs, maxCtx - b * bs), a.scale, out);
+          for (int g0 = 0; g0 < nq; g0 += kMaxScoreQueries) {
+            const int m = std::min(kMaxScoreQueries, nq - g0);
+            const int keys = std::min(bs, *std::max_element(ctx + g0, ctx + g0 + m) - b * bs);
+            if (keys <= 0) continue;
+            float* out[kMaxScoreQueries];
+            for (int i = 0; i < m; i++) out[i] = sc[g0 + i] + b * bs;
+            k.scores(qs + g0, m, kt, bs, a.hd, keys, a.scale, out);
+          }
         }
         for (int i = 0; i < nq; i++) {
           const float maxScore = *std::max_element(sc[i], sc[i] + ctx[i]);

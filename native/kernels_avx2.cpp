@@ -143,18 +143,31 @@ float expSum(float* s, int n, float max) {
   return sum;
 }
 
-void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+template <int NQ>
+void scoresN(const float* const* qs, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int j = 0; j < n; j += 8) {
     const int lanes = n - j >= 8 ? 8 : n - j;
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256 acc[kMaxScoreQueries];
-    for (int q = 0; q < kMaxScoreQueries; q++) acc[q] = _mm256_setzero_ps();
+    __m256 acc[NQ];
+    for (int q = 0; q < NQ; q++) acc[q] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d++) {
       const __m256 k = _mm256_maskload_ps(kt + static_cast<size_t>(d) * stride + j, m);
-      for (int q = 0; q < nq; q++) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qs[q][d]), k, acc[q]);
+      for (int q = 0; q < NQ; q++) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qs[q][d]), k, acc[q]);
     }
-    for (int q = 0; q < nq; q++) _mm256_maskstore_ps(out[q] + j, m, _mm256_mul_ps(acc[q], sv));
+    for (int q = 0; q < NQ; q++) _mm256_maskstore_ps(out[q] + j, m, _mm256_mul_ps(acc[q], sv));
+  }
+}
+
+// The query count is a template argument so the accumulators live in registers.
+void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+  switch (nq) {
+    case 6: return scoresN<6>(qs, kt, stride, hd, n, scale, out);
+    case 5: return scoresN<5>(qs, kt, stride, hd, n, scale, out);
+    case 4: return scoresN<4>(qs, kt, stride, hd, n, scale, out);
+    case 3: return scoresN<3>(qs, kt, stride, hd, n, scale, out);
+    case 2: return scoresN<2>(qs, kt, stride, hd, n, scale, out);
+    default: return scoresN<1>(qs, kt, stride, hd, n, scale, out);
   }
 }
 

@@ -140,45 +140,72 @@ float expSum(float* s, int n, float max) {
   return _mm512_reduce_add_ps(acc);
 }
 
-void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
-  const __m512 sv = _mm512_set1_ps(scale);
-  for (int j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-    __m512 acc[kMaxScoreQueries];
-    for (int q = 0; q < kMaxScoreQueries; q++) acc[q] = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d++) {
-      const __m512 k = _mm512_maskz_loadu_ps(m, kt + static_cast<size_t>(d) * stride + j);
-      for (int q = 0; q < nq; q++) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(qs[q][d]), k, acc[q]);
+// NQ queries' outputs over keys [j0, j1), accumulators in registers; `acc` starts from outs.
+template <int NQ>
+inline void weightedSumRange(const float* const* ps, const float* const* vrows, int j0, int j1, int d0, const __mmask16* mk,
+                             float* const* outs, bool fresh) {
+  __m512 acc[NQ][8];
+  for (int q = 0; q < NQ; q++)
+    for (int c = 0; c < 8; c++) acc[q][c] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[c], outs[q] + d0 + 16 * c);
+  for (int j = j0; j < j1; j++) {
+    const float* v = vrows[j] + d0;
+    __m512 p[NQ];
+    for (int q = 0; q < NQ; q++) p[q] = _mm512_set1_ps(ps[q][j]);
+    for (int c = 0; c < 8; c++) {
+      if (!mk[c]) break;
+      const __m512 vc = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
+      for (int q = 0; q < NQ; q++) acc[q][c] = _mm512_fmadd_ps(p[q], vc, acc[q][c]);
     }
-    for (int q = 0; q < nq; q++) _mm512_mask_storeu_ps(out[q] + j, m, _mm512_mul_ps(acc[q], sv));
   }
+  for (int q = 0; q < NQ; q++)
+    for (int c = 0; c < 8 && mk[c]; c++) _mm512_mask_storeu_ps(outs[q] + d0 + 16 * c, mk[c], acc[q][c]);
 }
 
+// Keys every query has are done for all at once (registers shared); each query then finishes its
+// own remaining keys. Either way an output element sees its FMAs in key order.
 void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
-  int n = 0;
-  for (int q = 0; q < nq; q++) n = ns[q] > n ? ns[q] : n;
+  int common = ns[0];
+  for (int q = 1; q < nq; q++) common = ns[q] < common ? ns[q] : common;
   for (int d0 = 0; d0 < hd; d0 += 128) {  // 8 vectors of output per query stay in registers
     __mmask16 mk[8];
     for (int c = 0; c < 8; c++) {
       const int left = hd - d0 - 16 * c;
       mk[c] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
     }
-    __m512 acc[3][8];
-    for (int q = 0; q < 3; q++)
-      for (int c = 0; c < 8; c++) acc[q][c] = _mm512_setzero_ps();
-    for (int j = 0; j < n; j++) {
-      const float* v = vrows[j] + d0;
-      __m512 p[3];
-      for (int q = 0; q < nq; q++) p[q] = _mm512_set1_ps(ps[q][j]);
-      for (int c = 0; c < 8; c++) {
-        if (!mk[c]) break;
-        const __m512 vc = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
-        for (int q = 0; q < nq; q++)
-          if (j < ns[q]) acc[q][c] = _mm512_fmadd_ps(p[q], vc, acc[q][c]);
-      }
+    switch (nq) {
+      case 3: weightedSumRange<3>(ps, vrows, 0, common, d0, mk, outs, true); break;
+      case 2: weightedSumRange<2>(ps, vrows, 0, common, d0, mk, outs, true); break;
+      default: weightedSumRange<1>(ps, vrows, 0, common, d0, mk, outs, true); break;
     }
     for (int q = 0; q < nq; q++)
-      for (int c = 0; c < 8 && mk[c]; c++) _mm512_mask_storeu_ps(outs[q] + d0 + 16 * c, mk[c], acc[q][c]);
+      if (ns[q] > common) weightedSumRange<1>(ps + q, vrows, common, ns[q], d0, mk, outs + q, false);
+  }
+}
+
+template <int NQ>
+void scoresN(const float* const* qs, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    __m512 acc[NQ];
+    for (int q = 0; q < NQ; q++) acc[q] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+      const __m512 k = _mm512_maskz_loadu_ps(m, kt + static_cast<size_t>(d) * stride + j);
+      for (int q = 0; q < NQ; q++) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(qs[q][d]), k, acc[q]);
+    }
+    for (int q = 0; q < NQ; q++) _mm512_mask_storeu_ps(out[q] + j, m, _mm512_mul_ps(acc[q], sv));
+  }
+}
+
+// The query count is a template argument so the accumulators live in registers.
+void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+  switch (nq) {
+    case 6: return scoresN<6>(qs, kt, stride, hd, n, scale, out);
+    case 5: return scoresN<5>(qs, kt, stride, hd, n, scale, out);
+    case 4: return scoresN<4>(qs, kt, stride, hd, n, scale, out);
+    case 3: return scoresN<3>(qs, kt, stride, hd, n, scale, out);
+    case 2: return scoresN<2>(qs, kt, stride, hd, n, scale, out);
+    default: return scoresN<1>(qs, kt, stride, hd, n, scale, out);
   }
 }
 
