@@ -34,7 +34,7 @@ inline void loadChunk(const void* w, size_t at, __m512& lo, __m512& hi) {
 
 // R rows × one column group. Per output: acc = fma(x_lo, w_lo, acc); acc = fma(x_hi, w_hi, acc)
 // chunk after chunk, then one horizontal sum — the same sequence for every R.
-// `prefetch`: pull the next column group's weights toward L1 while this one
+// `prefetch`: pull the next column group's weights into L2 (not L1: the tile's activations and weights fill it) while this one
 // computes (worth it when several row groups reuse each group's weights).
 template <DType D, int R>
 inline void tile(const float* xp, int T0, const PackedMatrix& w, int g, float* y, bool prefetch) {
@@ -46,7 +46,7 @@ inline void tile(const float* xp, int T0, const PackedMatrix& w, int g, float* y
   for (int k = 0; k < w.Kp; k += L) {
     if (prefetch) {
       const char* next = static_cast<const char*>(w.data) + (base + static_cast<size_t>(k) * kPackCols) * dtypeBytes(D) + groupBytes;
-      for (size_t off = 0; off < static_cast<size_t>(kPackCols) * L * dtypeBytes(D); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+      for (size_t off = 0; off < static_cast<size_t>(kPackCols) * L * dtypeBytes(D); off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
     }
     __m512 lo[kPackCols], hi[kPackCols];
     for (int c = 0; c < kPackCols; c++) loadChunk<D>(w.data, base + static_cast<size_t>(k) * kPackCols + c * L, lo[c], hi[c]);
