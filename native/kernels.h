@@ -31,8 +31,6 @@ struct PackedMatrix {
 // is reduced in the same order whatever T is: a sequence's results do not
 // depend on its batch.
 using MatmulFn = void (*)(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
-// sum_i a[i] * b[i], fixed order.
-using DotFn = float (*)(const float* a, const float* b, int n);
 // y[i] += alpha * x[i]
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
@@ -59,7 +57,6 @@ struct Kernels {
   // and odd elements in registers, so activations are packed to match.
   int chunk;
   MatmulFn matmul;
-  DotFn dot;
   AxpyFn axpy;
   SiluMulFn siluMul;
   ExpSumFn expSum;
@@ -78,6 +75,12 @@ const Kernels& activeKernels();
 // Rows of x (T × K) → the layout the kernels read (T × Kp): for bf16 weights
 // each chunk holds its even elements then its odd ones; otherwise natural order.
 void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weightDtype, float* out);
+
+// Where element k of an activation row sits in that packed layout.
+inline int packedIndex(int k, int chunk, DType weightDtype) {
+  if (weightDtype != DType::BF16) return k;
+  return k / chunk * chunk + (k % 2) * (chunk / 2) + (k % chunk) / 2;
+}
 
 // Widening loads shared by the scalar paths.
 inline float bf16ToF32(uint16_t h) {

@@ -85,15 +85,6 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
-float dot(const float* a, const float* b, int n) {
-  __m256 acc = _mm256_setzero_ps();
-  int nv = n & ~7;
-  for (int i = 0; i < nv; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float s = hsum(acc);
-  for (int i = nv; i < n; i++) s += a[i] * b[i];
-  return s;
-}
-
 void axpy(float alpha, const float* x, float* y, int n) {
   __m256 av = _mm256_set1_ps(alpha);
   int nv = n & ~7;
@@ -182,7 +173,7 @@ void weightedSum(const float* const* ps, const int* ns, int nq, const float* con
 }  // namespace
 
 const Kernels& kernelsAvx2() {
-  static const Kernels k{"avx2", L, matmul, dot, axpy, siluMul, expSum, scores, weightedSum};
+  static const Kernels k{"avx2", L, matmul, axpy, siluMul, expSum, scores, weightedSum};
   return k;
 }
 

@@ -85,15 +85,6 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
-float dot(const float* a, const float* b, int n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int i = 0; i < n; i += 16) {
-    __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
 void axpy(float alpha, const float* x, float* y, int n) {
   __m512 av = _mm512_set1_ps(alpha);
   for (int i = 0; i < n; i += 16) {
@@ -212,7 +203,7 @@ void scores(const float* const* qs, int nq, const float* kt, int stride, int hd,
 }  // namespace
 
 const Kernels& kernelsAvx512() {
-  static const Kernels k{"avx512", L, matmul, dot, axpy, siluMul, expSum, scores, weightedSum};
+  static const Kernels k{"avx512", L, matmul, axpy, siluMul, expSum, scores, weightedSum};
   return k;
 }
 

@@ -1,4 +1,5 @@
 // Portable loops: the fallback for CPUs without AVX2, and the ISA selector.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -61,12 +62,6 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
       }
 }
 
-float dot(const float* a, const float* b, int n) {
-  float s = 0.0f;
-  for (int i = 0; i < n; i++) s += a[i] * b[i];
-  return s;
-}
-
 void axpy(float alpha, const float* x, float* y, int n) {
   for (int i = 0; i < n; i++) y[i] += alpha * x[i];
 }
@@ -120,25 +115,16 @@ const Kernels& select() {
 }  // namespace
 
 void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weightDtype, float* out) {
-  const int half = chunk / 2;
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * K;
     float* o = out + static_cast<size_t>(t) * Kp;
-    if (weightDtype != DType::BF16) {
-      for (int k = 0; k < Kp; k++) o[k] = k < K ? xr[k] : 0.0f;
-      continue;
-    }
-    for (int c = 0; c < Kp; c += chunk)
-      for (int i = 0; i < half; i++) {
-        int even = c + 2 * i, odd = even + 1;
-        o[c + i] = even < K ? xr[even] : 0.0f;
-        o[c + half + i] = odd < K ? xr[odd] : 0.0f;
-      }
+    std::fill(o, o + Kp, 0.0f);
+    for (int k = 0; k < K; k++) o[packedIndex(k, chunk, weightDtype)] = xr[k];
   }
 }
 
 const Kernels& kernelsScalar() {
-  static const Kernels k{"scalar", L, matmul, dot, axpy, siluMul, expSum, scores, weightedSum};
+  static const Kernels k{"scalar", L, matmul, axpy, siluMul, expSum, scores, weightedSum};
   return k;
 }
 

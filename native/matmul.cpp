@@ -1,4 +1,5 @@
 #include <omp.h>
+#include <algorithm>
 #include <cmath>
 #include "ops.h"
 
@@ -25,8 +26,6 @@ void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& 
 
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out) {
   if (out.size() < static_cast<size_t>(T) * w.Kp) out.resize(static_cast<size_t>(T) * w.Kp);
-  const int half = k.chunk / 2;
-  const bool split = w.dtype == DType::BF16;  // bf16 chunks hold even elements, then odd ones
 #pragma omp parallel for if (T > 8)
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * n;
@@ -34,11 +33,8 @@ void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps,
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += xr[i] * xr[i];
     const float inv = 1.0f / std::sqrt(ss / n + eps);
-    for (int i = n; i < w.Kp; i++) o[split ? (i / k.chunk) * k.chunk + (i % 2) * half + (i % k.chunk) / 2 : i] = 0.0f;
-    for (int i = 0; i < n; i++) {
-      const int at = split ? (i / k.chunk) * k.chunk + (i % 2) * half + (i % k.chunk) / 2 : i;
-      o[at] = weight[i] * (xr[i] * inv);
-    }
+    std::fill(o, o + w.Kp, 0.0f);
+    for (int i = 0; i < n; i++) o[packedIndex(i, k.chunk, w.dtype)] = weight[i] * (xr[i] * inv);
   }
 }
 
