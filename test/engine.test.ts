@@ -9,7 +9,7 @@ import { Scheduler } from "../src/engine/scheduler.js";
 import { KvCacheManager } from "../src/kv/kv-cache-manager.js";
 import { ModelRunner } from "../src/runtime/model-runner.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
-import { FIXTURES } from "./helpers.js";
+import { FIXTURES, assertEngineIdle } from "./helpers.js";
 import { FakeRunner } from "./support/fake-runner.js";
 import { StopStringMatcher } from "../src/engine/stop-strings.js";
 
@@ -32,12 +32,6 @@ const greedy = (maxTokens: number, over: Partial<SamplingParams> = {}): Sampling
   defaultSamplingParams({ temperature: 0, maxTokens, ignoreEos: true, ...over });
 const range = (n: number, from = 1): number[] => Array.from({ length: n }, (_, i) => from + i);
 
-function assertNoLeaks(engine: Engine): void {
-  const s = engine.stats();
-  assert.equal(s.blocksUsed, 0, "every block is free or cached once idle");
-  assert.equal(s.blocksFree, s.blocksTotal);
-  for (const b of engine.kv.pool.blocks) assert.equal(b.refCount, 0);
-}
 
 test("two requests sharing a 3-block prefix share its physical blocks and compute only the suffix", async () => {
   const prefix = range(12); // 3 blocks of 4
@@ -67,7 +61,7 @@ test("two requests sharing a 3-block prefix share its physical blocks and comput
   const cachedAgain = await engine.add({ promptTokenIds: [...prefix, 100, 101], params: greedy(3) }).collect();
   assert.deepEqual(cachedAgain.tokenIds, first.tokenIds);
   assert.equal(cachedAgain.usage!.cachedTokens, 12);
-  assertNoLeaks(engine);
+  assertEngineIdle(engine);
 });
 
 test("the same prompt from two tenants shares no blocks", async () => {
@@ -82,7 +76,7 @@ test("the same prompt from two tenants shares no blocks", async () => {
   assert.ok(engine.kv.blockIds("a2").every((id) => !bBlocks.has(id)));
   engine.abort("b");
   engine.abort("a2");
-  assertNoLeaks(engine);
+  assertEngineIdle(engine);
 });
 
 function schedulerWithClock(rate: number): { s: Scheduler; clock: { t: number }; add: (p: Priority, id: string) => Request } {
@@ -147,8 +141,8 @@ test("preemption with a tiny pool: every request completes, outputs equal a larg
   const got = await runAll(tiny, prompts, 20);
   assert.deepEqual(got, expected);
   assert.ok(tiny.stats().preemptions > 0, "the tiny pool must have preempted");
-  assertNoLeaks(tiny);
-  assertNoLeaks(big);
+  assertEngineIdle(tiny);
+  assertEngineIdle(big);
 });
 
 test("admission errors: beyond the context, never fitting the pool, a full queue", () => {
@@ -214,7 +208,7 @@ test("randomized: invariants hold after every step under arrivals, aborts, prior
     const results = await Promise.all(done);
     for (const r of results) assert.ok(["length", "abort"].includes(r.finishReason!), `finished: ${r.finishReason}`);
     check();
-    assertNoLeaks(engine);
+    assertEngineIdle(engine);
     assert.ok(runner.steps.length > 100, "ran thousands of sequence-steps");
   }
 });
@@ -226,7 +220,7 @@ test("a failed step ends its requests with an error and the engine keeps serving
   const out = await broken.add({ promptTokenIds: [1, 2], params: greedy(3) }).collect();
   assert.equal(out.finishReason, "error");
   assert.match(out.error!, /boom/);
-  assertNoLeaks(broken);
+  assertEngineIdle(broken);
   const ok = await engine.add({ promptTokenIds: [1, 2], params: greedy(3) }).collect();
   assert.equal(ok.tokenIds.length, 3);
 });
@@ -241,7 +235,7 @@ test("real model: 32 concurrent requests each equal their solo run", async () =>
   for (const [i, p] of prompts.entries()) solo.push((await engine.add({ promptTokenIds: p, params: params(i) }).collect()).tokenIds);
   const together = await Promise.all(prompts.map((p, i) => engine.add({ promptTokenIds: p, params: params(i) }).collect()));
   assert.deepEqual(together.map((o) => o.tokenIds), solo);
-  assertNoLeaks(engine);
+  assertEngineIdle(engine);
 });
 
 test("penalties change what is sampled; without them the same request repeats itself", async () => {

@@ -3,7 +3,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import assert from "node:assert/strict";
 import { tokenizerPackageDir } from "../src/model/tokenizer-packages.js";
+import type { Engine } from "../src/engine/engine.js";
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const FIXTURES = process.env.WEFT_FIXTURES ?? path.resolve(ROOT, "..", "shared", "fixtures");
@@ -48,4 +50,13 @@ export function completeFixtureModel(model: "tiny-qwen3" | "tiny-llama"): string
 
 export function tempDir(prefix = "weft-test-"): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+}
+
+/** An idle engine holds nothing: no requests, every block free (or cached) with no references. */
+export function assertEngineIdle(engine: Engine): void {
+  const s = engine.stats();
+  assert.equal(s.running + s.waiting, 0, "requests left behind");
+  assert.equal(s.blocksUsed, 0, "leaked KV blocks");
+  assert.equal(s.blocksFree, s.blocksTotal);
+  for (const b of engine.kv.pool.blocks) assert.equal(b.refCount, 0);
 }

@@ -12,7 +12,7 @@ import { readModelConfig } from "../src/model/config.js";
 import { percentile } from "../src/bench/stats.js";
 import { readSseEvents } from "../src/bench/sse-reader.js";
 import { makeModel } from "../src/model/make-model.js";
-import { tempDir } from "./helpers.js";
+import { assertEngineIdle, tempDir } from "./helpers.js";
 
 let s: TestServer;
 before(async () => (s = await startServer({ engine: { maxNumSeqs: 32, maxWaitingRequests: 4096 }, sseLimits: { stallTimeoutMs: 300, maxBufferedBytes: 64 * 1024 } })));
@@ -63,12 +63,7 @@ async function waitIdle(t: TestServer): Promise<void> {
 }
 
 function assertNoLeaks(t: TestServer): void {
-  for (const m of t.manager.engines) {
-    const st = m.engine.stats();
-    assert.equal(st.blocksUsed, 0, "leaked KV blocks");
-    assert.equal(st.running + st.waiting, 0, "requests left behind");
-    for (const b of m.engine.kv.pool.blocks) assert.equal(b.refCount, 0);
-  }
+  for (const m of t.manager.engines) assertEngineIdle(m.engine);
 }
 
 test("load: 128 concurrent streaming clients × 3 requests, mixed lengths and priorities: all complete, no 5xx, memory bounded", async () => {
