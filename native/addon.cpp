@@ -1,8 +1,8 @@
-// The addon's JavaScript surface (typed in src/runtime/native.ts): a Model
-// class whose step() runs one batched forward pass on a worker thread.
+// The addon's JavaScript surface (typed in src/runtime/native.ts): loadModel()
+// builds a Model on a worker thread; its step() runs one batched forward pass
+// on a worker thread and dispose() frees its memory.
 #include <napi.h>
 #include <omp.h>
-#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include "model.h"
@@ -147,18 +147,14 @@ StepInput parseStep(const Napi::Object& o) {
     p.topK = topK[i];
     p.numLogprobs = nLp[i] < 0 ? 0 : nLp[i];
     p.counter = static_cast<uint32_t>(counters[i]);
-    p.seed = static_cast<uint64_t>(seeds[i]);
-    if (!(p.temperature >= 0) || !(p.topP > 0 && p.topP <= 1) || !(p.minP >= 0 && p.minP <= 1) ||
-        !(p.repetitionPenalty > 0) || p.topK < 0 || p.numLogprobs > 1000 || !(seeds[i] >= 0))
-      throw std::invalid_argument("invalid sampling parameters in row " + std::to_string(i));
-    in.params.push_back(p);
+    p.seed = seeds[i];
+    in.params.push_back(p);  // values are checked per row by the step (samplingError): a bad row fails alone
   }
   in.promptOffsets = int32s(o, "promptOffsets");
   in.promptTokens = int32s(o, "promptTokens");
   in.outputOffsets = int32s(o, "outputOffsets");
   in.outputTokens = int32s(o, "outputTokens");
   in.returnLogits = o.Get("returnLogits").ToBoolean();
-  in.injectFailure = o.Get("injectFailure").ToBoolean();
   return in;
 }
 
@@ -169,13 +165,47 @@ Arr copyOut(Napi::Env env, const std::vector<T>& v) {
   return a;
 }
 
-class ModelWrap;
+// A JS Model's native side, shared with the work queued on it. Its fields are
+// touched on the main thread only; worker threads use the Model, which stays
+// alive until the work that uses it has finished.
+struct ModelState {
+  enum class Life { Live, Disposing, Disposed };
+  std::unique_ptr<Model> model;  // null once disposed
+  Life life = Life::Live;
+  bool stepping = false;         // one step in flight per model
+  std::vector<Napi::Promise::Deferred> disposeWaiters;
+};
+
+Napi::Promise rejected(Napi::Env env, const std::string& msg) {
+  auto d = Napi::Promise::Deferred::New(env);
+  d.Reject(Napi::Error::New(env, msg).Value());
+  return d.Promise();
+}
+
+// Unmaps a model's weights and KV pools on a worker thread (gigabytes of pages), then resolves dispose().
+class FreeWorker : public Napi::AsyncWorker {
+ public:
+  FreeWorker(Napi::Env env, std::shared_ptr<ModelState> state)
+      : Napi::AsyncWorker(env), state_(std::move(state)), model_(std::move(state_->model)) {}
+  void Execute() override { model_.reset(); }
+  void OnOK() override {
+    state_->life = ModelState::Life::Disposed;
+    for (auto& d : state_->disposeWaiters) d.Resolve(Env().Undefined());
+    state_->disposeWaiters.clear();
+  }
+
+ private:
+  std::shared_ptr<ModelState> state_;
+  std::unique_ptr<Model> model_;
+};
 
 class StepWorker : public Napi::AsyncWorker {
  public:
-  StepWorker(Napi::Env env, std::shared_ptr<Model> model, std::shared_ptr<std::atomic<bool>> busy, StepInput in)
-      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), model_(std::move(model)),
-        busy_(std::move(busy)), in_(std::move(in)) {}
+  StepWorker(Napi::Env env, std::shared_ptr<ModelState> state, StepInput in)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), state_(std::move(state)),
+        model_(state_->model.get()), in_(std::move(in)) {
+    state_->stepping = true;
+  }
   Napi::Promise promise() { return deferred_.Promise(); }
 
   void Execute() override {
@@ -188,7 +218,7 @@ class StepWorker : public Napi::AsyncWorker {
     }
   }
   void OnOK() override {
-    busy_->store(false);
+    stepDone();
     Napi::Env env = Env();
     Napi::Object r = Napi::Object::New(env);
     r.Set("tokens", copyOut<int32_t, Napi::Int32Array>(env, out_.tokens));
@@ -196,75 +226,132 @@ class StepWorker : public Napi::AsyncWorker {
     r.Set("topN", out_.topN);
     r.Set("topIds", copyOut<int32_t, Napi::Int32Array>(env, out_.topIds));
     r.Set("topLogprobs", copyOut<float, Napi::Float32Array>(env, out_.topLogprobs));
+    Napi::Array errors = Napi::Array::New(env, out_.rowErrors.size());
+    for (uint32_t i = 0; i < out_.rowErrors.size(); i++)
+      errors.Set(i, out_.rowErrors[i] ? Napi::Value(Napi::String::New(env, out_.rowErrors[i])) : env.Null());
+    r.Set("rowErrors", errors);
     if (in_.returnLogits) r.Set("logits", copyOut<float, Napi::Float32Array>(env, out_.logits));
     deferred_.Resolve(r);
   }
   void OnError(const Napi::Error& e) override {
-    busy_->store(false);
+    stepDone();
     deferred_.Reject(e.Value());
   }
 
  private:
+  // A dispose() that came during the step frees the model now.
+  void stepDone() {
+    state_->stepping = false;
+    if (state_->life == ModelState::Life::Disposing) (new FreeWorker(Env(), state_))->Queue();
+  }
+
   Napi::Promise::Deferred deferred_;
-  std::shared_ptr<Model> model_;
-  std::shared_ptr<std::atomic<bool>> busy_;
+  std::shared_ptr<ModelState> state_;
+  Model* model_;
   StepInput in_;
   StepOutput out_;
+};
+
+// Reads and repacks every matrix (from the files mapped while parsing) and
+// reserves the KV pools on a worker thread; resolves with a JS Model.
+class LoadWorker : public Napi::AsyncWorker {
+ public:
+  LoadWorker(Napi::Env env, ModelConfig cfg, Weights w)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), cfg_(std::move(cfg)), w_(std::move(w)) {}
+  Napi::Promise promise() { return deferred_.Promise(); }
+
+  void Execute() override {
+    try {
+      model_ = std::make_unique<Model>(std::move(cfg_), std::move(w_));
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    } catch (...) {
+      SetError("unknown native error");
+    }
+  }
+  void OnOK() override {
+    Napi::Env env = Env();
+    try {
+      Napi::FunctionReference& ctor = *env.GetInstanceData<Napi::FunctionReference>();
+      deferred_.Resolve(ctor.New({Napi::External<std::unique_ptr<Model>>::New(env, &model_)}));
+    } catch (const Napi::Error& e) {
+      deferred_.Reject(e.Value());
+    }
+  }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  ModelConfig cfg_;
+  Weights w_;
+  std::unique_ptr<Model> model_;
 };
 
 class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
  public:
   static Napi::Function define(Napi::Env env) {
     return DefineClass(env, "Model", {InstanceMethod("step", &ModelWrap::step), InstanceMethod("info", &ModelWrap::info),
-                                      InstanceMethod("takeProfile", &ModelWrap::takeProfile)});
+                                      InstanceMethod("takeProfile", &ModelWrap::takeProfile),
+                                      InstanceMethod("dispose", &ModelWrap::dispose)});
   }
+  // Only LoadWorker constructs one, handing over the loaded Model.
   explicit ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {
-    if (!info[0].IsObject()) throw Napi::TypeError::New(info.Env(), "Model(spec) needs a spec object");
-    Napi::Object spec = info[0].As<Napi::Object>();
-    try {
-      ModelConfig cfg = parseConfig(spec);
-      Weights w = parseWeights(spec.Get("weights").As<Napi::Object>());
-      if (static_cast<int>(w.layers.size()) != cfg.layers) throw std::invalid_argument("layer count mismatch");
-      model_ = std::make_shared<Model>(std::move(cfg), std::move(w));
-    } catch (const std::exception& e) {
-      throw Napi::Error::New(info.Env(), e.what());
-    }
+    if (info.Length() < 1 || !info[0].IsExternal()) throw Napi::TypeError::New(info.Env(), "models are created by loadModel(spec)");
+    state_->model = std::move(*info[0].As<Napi::External<std::unique_ptr<Model>>>().Data());
   }
 
  private:
   // Returns a Promise; a second call while a step runs is rejected: one step in flight per model.
   Napi::Value step(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    auto reject = [&](const std::string& msg) {
-      auto d = Napi::Promise::Deferred::New(env);
-      d.Reject(Napi::Error::New(env, msg).Value());
-      return d.Promise();
-    };
-    if (!info[0].IsObject()) return reject("step(input) needs an input object");
+    if (state_->life != ModelState::Life::Live) return rejected(env, "model disposed");
+    if (!info[0].IsObject()) return rejected(env, "step(input) needs an input object");
     StepInput in;
     try {
       in = parseStep(info[0].As<Napi::Object>());
     } catch (const std::exception& e) {
-      return reject(e.what());
+      return rejected(env, e.what());
     }
-    bool expected = false;
-    if (!busy_->compare_exchange_strong(expected, true)) return reject("a step is already running on this model");
-    auto* worker = new StepWorker(env, model_, busy_, std::move(in));
+    if (state_->stepping) return rejected(env, "a step is already running on this model");
+    auto* worker = new StepWorker(env, state_, std::move(in));
     Napi::Promise p = worker->promise();
     worker->Queue();
     return p;
   }
+
+  // Frees the model at once, or when the step in flight ends; later calls resolve as the first does.
+  Napi::Value dispose(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    auto d = Napi::Promise::Deferred::New(env);
+    if (state_->life == ModelState::Life::Disposed) {
+      d.Resolve(env.Undefined());
+      return d.Promise();
+    }
+    state_->disposeWaiters.push_back(d);
+    if (state_->life == ModelState::Life::Live) {
+      state_->life = ModelState::Life::Disposing;
+      if (!state_->stepping) (new FreeWorker(env, state_))->Queue();
+    }
+    return d.Promise();
+  }
+
+  Model& live(const Napi::CallbackInfo& info) {
+    if (state_->life != ModelState::Life::Live) throw Napi::Error::New(info.Env(), "model disposed");
+    return *state_->model;
+  }
+
   Napi::Value info(const Napi::CallbackInfo& info) {
+    Model& m = live(info);
     Napi::Object r = Napi::Object::New(info.Env());
     r.Set("isa", activeKernels().name);
     r.Set("threads", omp_get_max_threads());
-    r.Set("kvCacheBytes", static_cast<double>(model_->kvCacheBytes()));
+    r.Set("kvCacheBytes", static_cast<double>(m.kvCacheBytes()));
     return r;
   }
 
   // Seconds per kind of work since the last call (a step in flight finishes first).
   Napi::Value takeProfile(const Napi::CallbackInfo& info) {
-    Profile p = model_->takeProfile();
+    Profile p = live(info).takeProfile();
     Napi::Object r = Napi::Object::New(info.Env());
     r.Set("matmul", p.matmul);
     r.Set("attention", p.attention);
@@ -276,12 +363,33 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     return r;
   }
 
-  std::shared_ptr<Model> model_;
-  std::shared_ptr<std::atomic<bool>> busy_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<ModelState> state_ = std::make_shared<ModelState>();
 };
 
+// Parses the spec and maps the files on the main thread (mmap reads no page);
+// the reading and repacking run on a worker thread.
+Napi::Value loadModel(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsObject()) return rejected(env, "loadModel(spec) needs a spec object");
+  Napi::Object spec = info[0].As<Napi::Object>();
+  ModelConfig cfg;
+  Weights w;
+  try {
+    cfg = parseConfig(spec);
+    w = parseWeights(spec.Get("weights").As<Napi::Object>());
+    if (static_cast<int>(w.layers.size()) != cfg.layers) throw std::invalid_argument("layer count mismatch");
+  } catch (const std::exception& e) {
+    return rejected(env, e.what());
+  }
+  auto* worker = new LoadWorker(env, std::move(cfg), std::move(w));
+  Napi::Promise p = worker->promise();
+  worker->Queue();
+  return p;
+}
+
 Napi::Object init(Napi::Env env, Napi::Object exports) {
-  exports.Set("Model", ModelWrap::define(env));
+  env.SetInstanceData(new Napi::FunctionReference(Napi::Persistent(ModelWrap::define(env))));
+  exports.Set("loadModel", Napi::Function::New(env, loadModel));
   exports.Set("isa", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
     try {
       return Napi::String::New(info.Env(), activeKernels().name);

@@ -53,7 +53,10 @@ Model::Model(ModelConfig config, Weights weights)
   kvFloats_ = perLayer * cfg_.layers;
   for (float** pool : {&kCache_, &vCache_}) {
     void* mem = mmap(nullptr, kvFloats_ * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) throw std::runtime_error("cannot allocate the KV cache (" + std::to_string(kvFloats_ * 8 >> 20) + " MiB)");
+    if (mem == MAP_FAILED) {
+      if (kCache_) munmap(kCache_, kvFloats_ * sizeof(float));  // no destructor runs for a throwing constructor
+      throw std::runtime_error("cannot allocate the KV cache (" + std::to_string(kvFloats_ * 8 >> 20) + " MiB)");
+    }
     *pool = static_cast<float*>(mem);
   }
 }
@@ -161,7 +164,6 @@ void Model::layer(int l, const StepInput& in) {
         kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = kt[static_cast<size_t>(h) * hd + d];
     std::copy_n(kv_v_.data() + static_cast<size_t>(t) * kvDim, kvDim, vc + static_cast<size_t>(slot) * kvDim);
   }
-  if (in.injectFailure) throw std::runtime_error("injected failure in layer " + std::to_string(l));
 
   AttentionArgs a{q_.data(), attn_.data(), kc, vc, in.positions.data(), in.seqStarts.data(), in.blockTables.data(),
                   static_cast<int>(in.seqStarts.size()) - 1, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks,
@@ -228,10 +230,15 @@ StepOutput Model::step(const StepInput& in) {
   }
   const auto sampleStart = std::chrono::steady_clock::now();
 
+  // A row with bad parameters fails alone: the other rows are sampled as if it were not there.
   StepOutput out;
-  out.tokens.resize(S);
-  out.logprobs.resize(S);
-  for (const auto& p : in.params) out.topN = std::max(out.topN, p.numLogprobs);
+  out.tokens.assign(S, -1);
+  out.logprobs.assign(S, 0.0f);
+  out.rowErrors.resize(S);
+  for (int i = 0; i < S; i++) {
+    out.rowErrors[i] = samplingError(in.params[i]);
+    if (!out.rowErrors[i]) out.topN = std::max(out.topN, in.params[i].numLogprobs);
+  }
   out.topIds.assign(static_cast<size_t>(S) * out.topN, -1);
   out.topLogprobs.assign(static_cast<size_t>(S) * out.topN, 0.0f);
 #pragma omp parallel
@@ -239,6 +246,7 @@ StepOutput Model::step(const StepInput& in) {
     static thread_local std::vector<float> scratch;  // kept across steps
 #pragma omp for schedule(dynamic, 1)
     for (int i = 0; i < S; i++) {
+      if (out.rowErrors[i]) continue;
       const SamplingParams& p = in.params[i];
       Sampled s = sampleToken(k_, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, p,
                               in.promptTokens.data() + in.promptOffsets[i], in.promptOffsets[i + 1] - in.promptOffsets[i],
@@ -247,6 +255,7 @@ StepOutput Model::step(const StepInput& in) {
                               out.topLogprobs.data() + static_cast<size_t>(i) * out.topN, scratch);
       out.tokens[i] = s.token;
       out.logprobs[i] = s.logprob;
+      out.rowErrors[i] = s.error;
     }
   }
   const auto end = std::chrono::steady_clock::now();

@@ -32,11 +32,11 @@ struct StepInput {
   std::vector<int32_t> promptOffsets, promptTokens;  // (S+1), flat: tokens for the repetition penalty
   std::vector<int32_t> outputOffsets, outputTokens;  // (S+1), flat: generated tokens for all penalties
   bool returnLogits = false;
-  bool injectFailure = false;        // test hook: fail after writing K/V, like a mid-step fault
 };
 
 struct StepOutput {
-  std::vector<int32_t> tokens;       // (S) sampled ids
+  std::vector<int32_t> tokens;       // (S) sampled ids, -1 where the row failed
+  std::vector<const char*> rowErrors;  // (S) why a row could not be sampled, null when it was
   std::vector<float> logprobs;       // (S) log-prob of each sampled id under the raw logits
   int topN = 0;
   std::vector<int32_t> topIds;       // (S * topN)

@@ -2,6 +2,7 @@
 #include "kernels.h"
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 namespace weft {
@@ -45,6 +46,37 @@ void applyPenalties(float* logits, const SamplingParams& p, const int32_t* promp
   if (freq)
     for (int t = 0; t < vocab; t++)
       if (counts[t] > 0) logits[t] -= p.frequencyPenalty * counts[t] + p.presencePenalty;
+}
+
+// Bit tests over the whole row rather than std::isfinite with an early exit: these loops vectorise.
+uint32_t floatBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// No NaN and no ±inf: the exponent bits are never all ones.
+bool allFinite(const float* v, int n) {
+  uint32_t bad = 0;
+  for (int i = 0; i < n; i++) bad |= (~floatBits(v[i]) & 0x7f800000u) == 0;
+  return bad == 0;
+}
+
+// Penalised logits can be sampled when none is NaN or +inf and one is above -inf.
+bool samplable(const float* v, int n) {
+  uint32_t bad = 0, any = 0;
+  for (int i = 0; i < n; i++) {
+    const uint32_t b = floatBits(v[i]);
+    bad |= (b & 0x7fffffffu) > 0x7f800000u || b == 0x7f800000u;
+    any |= b != 0xff800000u;
+  }
+  return bad == 0 && any != 0;
+}
+
+Sampled failed(const char* why) {
+  Sampled s;
+  s.error = why;
+  return s;
 }
 
 int argmax(const float* v, int n) {
@@ -94,7 +126,7 @@ int sampleFromCandidates(const float* logits, const SamplingParams& p, std::vect
     n = static_cast<int>(cand.size());
     total = cum;
   }
-  double r = uniform(p.seed, p.counter) * total, acc = 0;
+  double r = uniform(static_cast<uint64_t>(p.seed), p.counter) * total, acc = 0;
   for (int i = 0; i < n; i++) {
     acc += prob[i];
     if (r < acc) return cand[i];
@@ -104,10 +136,26 @@ int sampleFromCandidates(const float* logits, const SamplingParams& p, std::vect
 
 }  // namespace
 
+const char* samplingError(const SamplingParams& p) {
+  if (!(p.temperature >= 0 && std::isfinite(p.temperature))) return "invalid sampling parameters: temperature must be a finite number >= 0";
+  if (!(p.topP > 0 && p.topP <= 1)) return "invalid sampling parameters: top_p must be > 0 and <= 1 in float32";
+  if (!(p.minP >= 0 && p.minP <= 1)) return "invalid sampling parameters: min_p must be between 0 and 1";
+  if (p.topK < 0) return "invalid sampling parameters: top_k must be >= 0";
+  if (!(p.repetitionPenalty > 0 && std::isfinite(p.repetitionPenalty)))
+    return "invalid sampling parameters: repetition_penalty must be a finite number > 0 in float32";
+  if (!std::isfinite(p.presencePenalty)) return "invalid sampling parameters: presence_penalty must be finite";
+  if (!std::isfinite(p.frequencyPenalty)) return "invalid sampling parameters: frequency_penalty must be finite";
+  if (p.numLogprobs > 1000) return "invalid sampling parameters: logprobs must be at most 1000";
+  if (!(p.seed >= 0 && p.seed < 0x1p53 && p.seed == std::floor(p.seed)))
+    return "invalid sampling parameters: seed must be an integer in [0, 2^53)";
+  return nullptr;
+}
+
 Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const SamplingParams& p,
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch) {
   // Log-probs are reported from the model's raw distribution, as vLLM does by default.
+  if (!allFinite(logits, vocab)) return failed("the model produced non-finite logits");
   const int best = argmax(logits, vocab);
   const float maxLogit = logits[best];
   scratch.assign(logits, logits + vocab);
@@ -119,6 +167,7 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
     scratch.assign(logits, logits + vocab);
     std::vector<int> counts;
     applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
+    if (!samplable(scratch.data(), vocab)) return failed("the penalties overflowed the logits to NaN or infinity");
     work = scratch.data();
   }
 

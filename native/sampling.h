@@ -14,18 +14,24 @@ struct SamplingParams {
   float repetitionPenalty = 1.0f;
   float presencePenalty = 0.0f;
   float frequencyPenalty = 0.0f;
-  uint64_t seed = 0;
+  double seed = 0;           // an integer below 2^53, as JS numbers carry it
   uint32_t counter = 0;      // index of the token being sampled in its request: the RNG stream position
   int numLogprobs = 0;
 };
 
 struct Sampled {
-  int32_t token = 0;
+  int32_t token = -1;
   float logprob = 0.0f;
+  const char* error = nullptr;  // why this row could not be sampled (token stays -1)
 };
+
+// Why `p` cannot be sampled with (a field out of range once rounded to float32), or null.
+const char* samplingError(const SamplingParams& p);
 
 // Samples one token from `logits` (vocab floats, left unchanged). Writes the
 // top `topN` (id, logprob) pairs of the raw distribution into topIds/topLps.
+// `p` must pass samplingError. Fails (Sampled::error) without throwing when the
+// logits, or the logits after penalties, are not finite: one row's fault stays in its row.
 Sampled sampleToken(const struct Kernels& k, const float* logits, int vocab, const SamplingParams& p,
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch);

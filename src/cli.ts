@@ -4,10 +4,10 @@ import { Command, InvalidArgumentError } from "commander";
 import { generate } from "./commands/generate.js";
 import { makeModel, type WeightDType } from "./model/make-model.js";
 import { PRESETS } from "./model/presets.js";
-import { serve } from "./commands/serve.js";
+import { serve, type ServeOptions } from "./commands/serve.js";
 import { keysCommand } from "./commands/keys.js";
 import { DEFAULT_DB_PATH } from "./store/database.js";
-import { DEFAULT_ENGINE_CONFIG } from "./engine/engine-manager.js";
+import { DEFAULT_ENGINE_CONFIG, ENGINE_FLAGS, engineConfigFromOptions } from "./engine/engine-config.js";
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
 import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
@@ -65,9 +65,8 @@ program
   });
 
 const collect = (v: string, all: string[]): string[] => [...all, v];
-const d = DEFAULT_ENGINE_CONFIG;
 
-program
+const serveCommand = program
   .command("serve")
   .description("serve the OpenAI-compatible API (the built-in random-weight demo model when no --model is given)")
   .option("--host <host>", "address to listen on", "127.0.0.1")
@@ -79,19 +78,17 @@ program
   .option("--body-limit <bytes>", "largest request body", intArg("--body-limit", 1), 4 * 1024 * 1024)
   .option("--max-loaded-models <n>", "engines kept loaded; the least recently used idle one is unloaded", intArg("--max-loaded-models", 1), 4)
   .option("--shutdown-timeout <s>", "seconds in-flight requests get to finish on SIGTERM", numArg("--shutdown-timeout"), 30)
-  .option("--block-size <n>", "tokens per KV block", intArg("--block-size", 1), d.blockSize)
-  .option("--kv-cache-memory <bytes>", "KV cache bytes per model", intArg("--kv-cache-memory", 1), d.kvCacheMemory)
-  .option("--max-num-seqs <n>", "sequences per step", intArg("--max-num-seqs", 1), d.maxNumSeqs)
-  .option("--max-num-batched-tokens <n>", "tokens per step", intArg("--max-num-batched-tokens", 1), d.maxNumBatchedTokens)
-  .option("--no-prefix-caching", "turn prefix caching off")
-  .option("--priority-aging-rate <r>", "priority gained per second of waiting", numArg("--priority-aging-rate"), d.agingRate)
-  .option("--max-waiting-requests <n>", "queue length beyond which requests get 429", intArg("--max-waiting-requests", 1), d.maxWaitingRequests)
-  .option("--max-model-len <n>", "cap the context length (0: the model's)", intArg("--max-model-len"), 0)
   .option("--rate-limit <n>", "requests per minute per API key (0: unlimited)", intArg("--rate-limit"), 0)
-  .option("--rate-limit-tokens <n>", "prompt + completion tokens per minute per API key (0: unlimited)", intArg("--rate-limit-tokens"), 0)
+  .option("--rate-limit-tokens <n>", "prompt + max_tokens × n tokens reserved per minute per API key, unused ones refunded (0: unlimited)", intArg("--rate-limit-tokens"), 0)
+  .option("--rate-limit-sequences <n>", "sequences (prompts × n) per minute per API key (0: unlimited)", intArg("--rate-limit-sequences"), 0)
   .option("--stream-stall-timeout <s>", "seconds a streaming client may stop reading before its request is aborted", numArg("--stream-stall-timeout"), 30)
-  .option("--stream-max-buffer <bytes>", "bytes buffered for a slow streaming client before its request is aborted", intArg("--stream-max-buffer", 1), 4 * 1024 * 1024)
-  .action(serve);
+  .option("--stream-max-buffer <bytes>", "bytes buffered for a slow streaming client before its request is aborted", intArg("--stream-max-buffer", 1), 4 * 1024 * 1024);
+// Engine knobs: one table (src/engine/engine-config.ts) gives the flags and the config object.
+for (const f of ENGINE_FLAGS) {
+  if (f.kind === "negatable") serveCommand.option(f.flag, f.description);
+  else serveCommand.option(f.flag, f.description, f.kind === "int" ? intArg(f.flag.split(" ")[0]!, f.min) : numArg(f.flag.split(" ")[0]!), DEFAULT_ENGINE_CONFIG[f.key] as number);
+}
+serveCommand.action((o: Omit<ServeOptions, "engine">) => serve({ ...o, engine: engineConfigFromOptions(o as unknown as Record<string, unknown>) }));
 
 program.addCommand(keysCommand());
 

@@ -9,7 +9,7 @@ import { defaultSamplingParams } from "../src/engine/sampling-params.js";
 
 const BLOCK = 8;
 const ckpt = loadCheckpoint(path.join(FIXTURES, "tiny-qwen3"));
-const runner = new ModelRunner(ckpt, { numBlocks: 512, blockSize: BLOCK });
+const runner = await ModelRunner.create(ckpt, { numBlocks: 512, blockSize: BLOCK });
 const V = ckpt.config.vocab;
 
 function prng(seed: number): () => number {
@@ -120,7 +120,6 @@ test("a second step while one is in flight is rejected, and bad input rejects wi
   await first;
   await assert.rejects(runner.execute([{ ...seq, tokenIds: [V + 5] }]), /token id out of vocabulary/);
   await assert.rejects(runner.execute([{ ...seq, blockTable: [9999] }]), /block id out of range/);
-  await assert.rejects(runner.execute([seq], true), /injected failure/);
   const ok = await runner.execute([seq]);
   assert.equal(ok.logits![0]!.length, PROMPT.length * V);
 });

@@ -75,7 +75,7 @@ test("smoke: weft bench --mode compare on the fixture writes the JSON report", a
 test("export-gguf: llama.cpp greedy-decodes the exported fixture to the same tokens as Weft", async () => {
   const gguf = path.join(tempDir(), "tiny.gguf");
   exportGguf(fixtureModelDir(), gguf, "f16");
-  const m = createModel("t", fixtureModelDir(), { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 2 ** 24 });
+  const m = await createModel("t", fixtureModelDir(), { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 2 ** 24 });
   const prompt = m.tokenizer!.encode("The quick brown fox");
   const weft = await m.engine.add({ promptTokenIds: prompt, params: defaultSamplingParams({ temperature: 0, maxTokens: 8, ignoreEos: true }) }).collect();
   const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");

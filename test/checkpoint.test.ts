@@ -42,7 +42,7 @@ function patchHeader(file: string, edit: (h: Record<string, Json>) => void): voi
 }
 
 async function lastLogits(dir: string): Promise<Float32Array> {
-  const runner = new ModelRunner(loadCheckpoint(dir), { numBlocks: 4, blockSize: 32 });
+  const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 4, blockSize: 32 });
   const out = await runner.execute([{ tokenIds: [1, 500, 900, 31000], startPosition: 0, blockTable: [2], sample: null, allLogits: true }]);
   return out.logits![0]!;
 }

@@ -2,7 +2,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
-import { Engine, type EngineOptions, type Runner } from "../src/engine/engine.js";
+import { Engine, type Runner } from "../src/engine/engine.js";
+import { DEFAULT_ENGINE_CONFIG, type EngineConfig, type ModelLimits } from "../src/engine/engine-config.js";
 import { Priority, Request, RequestStatus } from "../src/engine/request.js";
 import { defaultSamplingParams, type SamplingParams } from "../src/engine/sampling-params.js";
 import { Scheduler } from "../src/engine/scheduler.js";
@@ -15,19 +16,28 @@ import { StopStringMatcher } from "../src/engine/stop-strings.js";
 
 test("stop strings are found across deltas, held back while partial, and never emitted", () => {
   const m = new StopStringMatcher(["STOP", "\n\n"]);
-  assert.deepEqual(m.push("Hello ST"), { text: "Hello", stopped: false });
-  assert.deepEqual(m.push("ill going S"), { text: " STill goin", stopped: false });
-  assert.deepEqual(m.push("TO"), { text: "g ", stopped: false });
-  assert.deepEqual(m.push("P and more"), { text: "", stopped: true });
+  assert.deepEqual(m.push("Hello ST"), { text: "Hello", stopped: null });
+  assert.deepEqual(m.push("ill going S"), { text: " STill goin", stopped: null });
+  assert.deepEqual(m.push("TO"), { text: "g ", stopped: null });
+  assert.deepEqual(m.push("P and more"), { text: "", stopped: "STOP" });
   const n = new StopStringMatcher(["xyz"]);
-  assert.deepEqual(n.push("abcxy"), { text: "abc", stopped: false });
+  assert.deepEqual(n.push("abcxy"), { text: "abc", stopped: null });
   assert.equal(n.flush(), "xy");
+  const kept = new StopStringMatcher(["STOP"], true);
+  assert.deepEqual(kept.push("abSTOPcd"), { text: "abSTOP", stopped: "STOP" });
 });
 
-const OPTIONS: EngineOptions = {
-  numBlocks: 64, blockSize: 4, maxNumSeqs: 8, maxNumBatchedTokens: 64, maxModelLen: 512, vocabSize: 1000,
-  eosTokenIds: [], enablePrefixCaching: true, agingRate: 0.1, maxWaitingRequests: 100,
+const CONFIG: EngineConfig = {
+  ...DEFAULT_ENGINE_CONFIG, blockSize: 4, maxNumSeqs: 8, maxNumBatchedTokens: 64, enablePrefixCaching: true, agingRate: 0.1,
+  maxWaitingRequests: 100, maxWaitingPerTenant: 0,
 };
+const LIMITS: ModelLimits = { numBlocks: 64, maxModelLen: 512, vocabSize: 1000, eosTokenIds: [] };
+
+/** An engine with the test's config and limits, any of them overridden. */
+function makeEngine(runner: Runner, over: Partial<EngineConfig & ModelLimits> = {}): Engine {
+  const pick = <T extends object>(base: T): T => Object.fromEntries(Object.keys(base).map((k) => [k, k in over ? over[k as keyof typeof over] : base[k as keyof T]])) as T;
+  return new Engine(runner, pick(CONFIG), pick(LIMITS));
+}
 const greedy = (maxTokens: number, over: Partial<SamplingParams> = {}): SamplingParams =>
   defaultSamplingParams({ temperature: 0, maxTokens, ignoreEos: true, ...over });
 const range = (n: number, from = 1): number[] => Array.from({ length: n }, (_, i) => from + i);
@@ -36,7 +46,7 @@ const range = (n: number, from = 1): number[] => Array.from({ length: n }, (_, i
 test("two requests sharing a 3-block prefix share its physical blocks and compute only the suffix", async () => {
   const prefix = range(12); // 3 blocks of 4
   const runner = new FakeRunner();
-  const engine = new Engine(runner, OPTIONS);
+  const engine = makeEngine(runner);
   const first = await engine.add({ promptTokenIds: [...prefix, 100, 101], params: greedy(3) }).collect();
   const computedBefore = runner.tokensComputed;
   // Hold the second request mid-generation to inspect its blocks while the first's are cached.
@@ -56,7 +66,7 @@ test("two requests sharing a 3-block prefix share its physical blocks and comput
   assert.ok(firstStepOfHolder, "holder's first step starts at position 12");
   assert.ok(runner.tokensComputed - computedBefore < 2 * 12, "prefix tokens were not recomputed");
   // With caching off, the same prompts produce the same tokens.
-  const plain = new Engine(new FakeRunner(), { ...OPTIONS, enablePrefixCaching: false });
+  const plain = makeEngine(new FakeRunner(), { enablePrefixCaching: false });
   assert.deepEqual((await plain.add({ promptTokenIds: [...prefix, 100, 101], params: greedy(3) }).collect()).tokenIds, first.tokenIds);
   const cachedAgain = await engine.add({ promptTokenIds: [...prefix, 100, 101], params: greedy(3) }).collect();
   assert.deepEqual(cachedAgain.tokenIds, first.tokenIds);
@@ -65,7 +75,7 @@ test("two requests sharing a 3-block prefix share its physical blocks and comput
 });
 
 test("the same prompt from two tenants shares no blocks", async () => {
-  const engine = new Engine(new FakeRunner(), OPTIONS);
+  const engine = makeEngine(new FakeRunner());
   const prompt = range(13);
   await engine.add({ promptTokenIds: prompt, params: greedy(2), tenant: "a" }).collect();
   const b = engine.add({ id: "b", promptTokenIds: prompt, params: greedy(50), tenant: "b" });
@@ -81,7 +91,7 @@ test("the same prompt from two tenants shares no blocks", async () => {
 
 function schedulerWithClock(rate: number): { s: Scheduler; clock: { t: number }; add: (p: Priority, id: string) => Request } {
   const clock = { t: 0 };
-  const s = new Scheduler({ maxNumSeqs: 1, maxNumBatchedTokens: 64, agingRate: rate, maxModelLen: 100, eosTokenIds: [] },
+  const s = new Scheduler({ ...CONFIG, maxNumSeqs: 1, agingRate: rate }, { ...LIMITS, maxModelLen: 100 },
     new KvCacheManager(64, 4), () => clock.t);
   let seq = 0;
   const add = (p: Priority, id: string): Request => {
@@ -135,9 +145,9 @@ async function runAll(engine: Engine, prompts: number[][], maxTokens: number): P
 
 test("preemption with a tiny pool: every request completes, outputs equal a large pool's, no leaks", async () => {
   const prompts = Array.from({ length: 12 }, (_, i) => range(5 + ((i * 7) % 13), i * 10));
-  const big = new Engine(new FakeRunner(), OPTIONS);
+  const big = makeEngine(new FakeRunner());
   const expected = await runAll(big, prompts, 20);
-  const tiny = new Engine(new FakeRunner(), { ...OPTIONS, numBlocks: 12 });
+  const tiny = makeEngine(new FakeRunner(), { numBlocks: 12 });
   const got = await runAll(tiny, prompts, 20);
   assert.deepEqual(got, expected);
   assert.ok(tiny.stats().preemptions > 0, "the tiny pool must have preempted");
@@ -146,7 +156,7 @@ test("preemption with a tiny pool: every request completes, outputs equal a larg
 });
 
 test("admission errors: beyond the context, never fitting the pool, a full queue", () => {
-  const engine = new Engine(new FakeRunner(), { ...OPTIONS, numBlocks: 4, maxWaitingRequests: 2 });
+  const engine = makeEngine(new FakeRunner(), { numBlocks: 4, maxWaitingRequests: 2 });
   assert.throws(() => engine.add({ promptTokenIds: range(500), params: greedy(20) }), /maximum context length is 512/);
   assert.throws(() => engine.add({ promptTokenIds: range(10), params: greedy(10) }), /can never fit the KV cache/);
   assert.throws(() => engine.add({ promptTokenIds: [5000], params: greedy(1) }), /outside the vocabulary/);
@@ -157,13 +167,13 @@ test("admission errors: beyond the context, never fitting the pool, a full queue
 });
 
 test("stop token ids and EOS end generation; ignore_eos keeps going", async () => {
-  const engine = new Engine(new FakeRunner(), { ...OPTIONS, eosTokenIds: [] });
+  const engine = makeEngine(new FakeRunner(), { eosTokenIds: [] });
   const free = await engine.add({ promptTokenIds: [3], params: greedy(6) }).collect();
   const stopAt = free.tokenIds[2]!;
   const byId = await engine.add({ promptTokenIds: [3], params: greedy(6, { stopTokenIds: [stopAt] }) }).collect();
   assert.deepEqual(byId.tokenIds, free.tokenIds.slice(0, 3));
   assert.equal(byId.finishReason, "stop");
-  const eos = new Engine(new FakeRunner(), { ...OPTIONS, eosTokenIds: [stopAt] });
+  const eos = makeEngine(new FakeRunner(), { eosTokenIds: [stopAt] });
   const byEos = await eos.add({ promptTokenIds: [3], params: greedy(6, { ignoreEos: false }) }).collect();
   assert.equal(byEos.finishReason, "stop");
   assert.equal(byEos.tokenIds.length, 3);
@@ -176,7 +186,7 @@ test("randomized: invariants hold after every step under arrivals, aborts, prior
     let s = seed;
     const rand = (): number => ((s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32);
     const runner = new FakeRunner();
-    const engine = new Engine(runner, { ...OPTIONS, numBlocks: 40, maxNumSeqs: 6, maxNumBatchedTokens: 24, maxWaitingRequests: 1000 });
+    const engine = makeEngine(runner, { numBlocks: 40, maxNumSeqs: 6, maxNumBatchedTokens: 24, maxWaitingRequests: 1000 });
     const check = (): void => {
       const pool = engine.kv.pool;
       const holders = new Map<number, number>();
@@ -214,9 +224,9 @@ test("randomized: invariants hold after every step under arrivals, aborts, prior
 });
 
 test("a failed step ends its requests with an error and the engine keeps serving", async () => {
-  const engine = new Engine(new FakeRunner(), OPTIONS);
+  const engine = makeEngine(new FakeRunner());
   const failing: Runner = { execute: () => Promise.reject(new Error("boom")) };
-  const broken = new Engine(failing, OPTIONS);
+  const broken = makeEngine(failing);
   const out = await broken.add({ promptTokenIds: [1, 2], params: greedy(3) }).collect();
   assert.equal(out.finishReason, "error");
   assert.match(out.error!, /boom/);
@@ -227,8 +237,8 @@ test("a failed step ends its requests with an error and the engine keeps serving
 
 test("real model: 32 concurrent requests each equal their solo run", async () => {
   const ckpt = loadCheckpoint(path.join(FIXTURES, "tiny-qwen3"));
-  const opts: EngineOptions = { ...OPTIONS, numBlocks: 256, blockSize: 8, maxNumSeqs: 32, maxNumBatchedTokens: 128, vocabSize: ckpt.config.vocab, maxModelLen: 256 };
-  const engine = new Engine(new ModelRunner(ckpt, { numBlocks: 256, blockSize: 8 }), opts);
+  const engine = makeEngine(await ModelRunner.create(ckpt, { numBlocks: 256, blockSize: 8 }),
+    { numBlocks: 256, blockSize: 8, maxNumSeqs: 32, maxNumBatchedTokens: 128, vocabSize: ckpt.config.vocab, maxModelLen: 256 });
   const prompts = Array.from({ length: 32 }, (_, i) => Array.from({ length: 3 + ((i * 5) % 29) }, (_, j) => (i * 7919 + j * 104729) % 150000));
   const params = (i: number): SamplingParams => i % 2 ? greedy(12) : defaultSamplingParams({ temperature: 0.9, topP: 0.95, seed: i, maxTokens: 12, ignoreEos: true });
   const solo: number[][] = [];
@@ -240,7 +250,7 @@ test("real model: 32 concurrent requests each equal their solo run", async () =>
 
 test("penalties change what is sampled; without them the same request repeats itself", async () => {
   const ckpt = loadCheckpoint(path.join(FIXTURES, "tiny-qwen3"));
-  const engine = new Engine(new ModelRunner(ckpt, { numBlocks: 64, blockSize: 16 }), { ...OPTIONS, numBlocks: 64, blockSize: 16, vocabSize: ckpt.config.vocab });
+  const engine = makeEngine(await ModelRunner.create(ckpt, { numBlocks: 64, blockSize: 16 }), { numBlocks: 64, blockSize: 16, vocabSize: ckpt.config.vocab });
   const run = async (over: Partial<SamplingParams>): Promise<number[]> =>
     (await engine.add({ promptTokenIds: [352, 24944, 50865, 95443, 92077], params: greedy(12, over) }).collect()).tokenIds;
   const plain = await run({});
@@ -260,12 +270,12 @@ test("EngineManager: engines on first use; past --max-loaded-models the least re
   const dir = path.join(FIXTURES, "tiny-qwen3");
   const m = new EngineManager(new Map([["a", dir], ["b", dir], ["c", dir]]), { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 2 ** 22 }, 2);
   assert.deepEqual(m.engines.map((e) => e.id), []);
-  m.get("a");
+  await m.acquire("a", "t");
   await new Promise((r) => setTimeout(r, 5));
-  m.get("b");
+  await m.acquire("b", "t");
   await new Promise((r) => setTimeout(r, 5));
-  m.get("a"); // a is now the most recently used
-  m.get("c");
+  await m.acquire("a", "t"); // a is now the most recently used
+  await m.acquire("c", "t");
   assert.deepEqual(m.engines.map((e) => e.id).sort(), ["a", "c"]);
   await m.shutdown(0);
   assert.deepEqual(m.engines, []);

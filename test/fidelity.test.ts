@@ -16,7 +16,7 @@ function blocksFor(n: number, offset = 0): number[] {
 for (const model of ["tiny-llama", "tiny-qwen3"]) {
   test(`${model}: logits match transformers at every reference position`, async () => {
     const ckpt = loadCheckpoint(path.join(FIXTURES, model));
-    const runner = new ModelRunner(ckpt, { numBlocks: 64, blockSize: BLOCK });
+    const runner = await ModelRunner.create(ckpt, { numBlocks: 64, blockSize: BLOCK });
     const refs = readReference(model);
     const logits = readReferenceLogits(model);
     let maxAbs = 0, maxRel = 0;
@@ -42,7 +42,7 @@ for (const model of ["tiny-llama", "tiny-qwen3"]) {
 
   test(`${model}: greedy continuations match transformers`, async () => {
     const ckpt = loadCheckpoint(path.join(FIXTURES, model));
-    const runner = new ModelRunner(ckpt, { numBlocks: 64, blockSize: BLOCK });
+    const runner = await ModelRunner.create(ckpt, { numBlocks: 64, blockSize: BLOCK });
     for (const ref of readReference(model)) {
       const ids = [...ref.input_ids];
       const table = blocksFor(ids.length + ref.greedy_continuation.length);

@@ -15,7 +15,12 @@ import { makeModel } from "../src/model/make-model.js";
 import { assertEngineIdle, tempDir } from "./helpers.js";
 
 let s: TestServer;
-before(async () => (s = await startServer({ engine: { maxNumSeqs: 32, maxWaitingRequests: 4096 }, sseLimits: { stallTimeoutMs: 300, maxBufferedBytes: 64 * 1024 } })));
+/** Steps left to fail: faults are injected by wrapping the runner, as a native fault would surface. */
+let failSteps = 0;
+before(async () => (s = await startServer({
+  engine: { maxNumSeqs: 32, maxWaitingRequests: 4096, maxWaitingPerTenant: 0 }, sseLimits: { stallTimeoutMs: 300, maxBufferedBytes: 64 * 1024 },
+  wrapRunner: (runner) => ({ execute: (seqs) => (failSteps > 0 && failSteps-- > 0 ? Promise.reject(new Error("injected fault")) : runner.execute(seqs)) }),
+})));
 after(async () => s.close());
 
 const json = { "content-type": "application/json" };
@@ -148,20 +153,23 @@ test("connections dropped mid-body admit nothing and leave the server serving", 
 });
 
 test("a failure injected into one engine step ends that step's requests with a 500-type error; the engine recovers", async () => {
-  const engine = s.manager.get("tiny").engine;
-  engine.failNextStep();
+  const engine = (await s.manager.acquire("tiny", "test")).engine;
+  const stepsBefore = engine.stats().steps;
+  failSteps = 1;
   const a = await fetch(`${s.url}/v1/completions`, { method: "POST", headers: json, body: JSON.stringify({ model: "tiny", prompt: "a", max_tokens: 5 }) });
   assert.equal(a.status, 500);
   const err = (await a.json()) as { error: { type: string; message: string } };
   assert.equal(err.error.type, "server_error");
   assert.match(err.error.message, /request req-/);
   assert.ok(!/at .*\.js/.test(err.error.message), "no stack trace");
-  engine.failNextStep();
+  failSteps = 1;
   const b = await streamCompletion(s.url, { model: "tiny", prompt: "b", max_tokens: 5 });
   assert.equal((b.error as { type: string }).type, "server_error", "the stream ends with an error event");
   await waitIdle(s);
   assertNoLeaks(s);
   assert.equal((await streamCompletion(s.url, { model: "tiny", prompt: "after", max_tokens: 4 })).finish, "length");
+  assert.equal((await s.manager.acquire("tiny", "test")).engine, engine, "the engine that failed is the one that recovered");
+  assert.ok(engine.stats().steps > stepsBefore, "and it ran the later steps");
 });
 
 test("KV exhaustion under load: preemption, never failure, outputs identical to an unconstrained run", async () => {
@@ -174,8 +182,8 @@ test("KV exhaustion under load: preemption, never failure, outputs identical to 
     const [constrained, free] = [await run(tight.url), await run(s.url)];
     assert.deepEqual(constrained.map((r) => r.text), free.map((r) => r.text));
     for (const r of constrained) assert.equal(r.finish, "length");
-    const preemptions = await metric(tight.url, "weft_preemptions_total");
-    console.log(`KV exhaustion: ${tight.manager.get("tiny").numBlocks} blocks, ${preemptions} preemptions, 16/16 requests identical`);
+    const preemptions = await metric(tight.url, "vllm:num_preemptions_total");
+    console.log(`KV exhaustion: ${(await tight.manager.acquire("tiny", "test")).engine.limits.numBlocks} blocks, ${preemptions} preemptions, 16/16 requests identical`);
     assert.ok(preemptions > 0, "the small pool must force preemptions");
     await waitIdle(tight);
     assertNoLeaks(tight);
@@ -257,9 +265,13 @@ test("per-key rate limits: requests and tokens per minute → 429 with Retry-Aft
     assert.ok(Number(over.headers.get("retry-after")) >= 1);
     assert.equal(((await over.json()) as { error: { code: string } }).error.code, "rate_limit_exceeded");
     assert.equal((await send(limited.url, b)).status, 200, "another key has its own budget");
-    assert.equal((await send(tokens.url, null, 40)).status, 200); // 41 tokens: over the budget once done
-    const t = await send(tokens.url, null);
+    const tooBig = await send(tokens.url, null, 40); // 1 + 40 > 30: can never fit
+    assert.equal(tooBig.status, 400);
+    assert.equal(((await tooBig.json()) as { error: { param: string } }).error.param, "max_tokens");
+    assert.equal((await send(tokens.url, null, 20)).status, 200); // reserves 21, uses at most 21
+    const t = await send(tokens.url, null, 20); // 21 do not fit the 9 or more left
     assert.equal(t.status, 429);
+    assert.ok(Number(t.headers.get("retry-after")) >= 1);
   } finally {
     await limited.close();
     await tokens.close();

@@ -196,11 +196,17 @@ test("a client that disconnects mid-stream is aborted and the KV usage metric re
 
 test("metrics use vLLM's names", async () => {
   const text = await (await fetch(`${s.url}/metrics`)).text();
-  for (const name of ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cache_config_info",
-    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
-    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "weft_waiting_requests", "weft_preemptions_total", "weft_aging_promotions_total"]) {
-    assert.ok(text.includes(`${name}`), `missing ${name}`);
-  }
+  const types = new Map([...text.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => [m[1]!, m[2]!]));
+  const expected: [string, string][] = [
+    ["vllm:prompt_tokens_total", "counter"], ["vllm:generation_tokens_total", "counter"], ["vllm:prefix_cache_queries_total", "counter"],
+    ["vllm:prefix_cache_hits_total", "counter"], ["vllm:request_success_total", "counter"], ["vllm:num_preemptions_total", "counter"],
+    ["vllm:num_requests_running", "gauge"], ["vllm:num_requests_waiting", "gauge"], ["vllm:kv_cache_usage_perc", "gauge"], ["vllm:cache_config_info", "gauge"],
+    ["vllm:time_to_first_token_seconds", "histogram"], ["vllm:inter_token_latency_seconds", "histogram"], ["vllm:e2e_request_latency_seconds", "histogram"],
+    ["vllm:request_queue_time_seconds", "histogram"], ["vllm:iteration_tokens_total", "histogram"],
+    ["weft_waiting_requests", "gauge"], ["weft_aging_promotions_total", "counter"],
+  ];
+  for (const [name, type] of expected) assert.equal(types.get(name), type, `${name} is exported as a ${type}`);
+  assert.match(text, /^vllm:request_success_total\{model_name="tiny",finished_reason="(stop|length)"\} \d+$/m);
   assert.match(text, /vllm:cache_config_info\{model_name="tiny",block_size="16",num_gpu_blocks="\d+"\} 1/);
 });
 

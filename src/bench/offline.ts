@@ -5,6 +5,8 @@
 import fs from "node:fs";
 import { createModel, DEFAULT_ENGINE_CONFIG, type LoadedModel } from "../engine/engine-manager.js";
 import { defaultSamplingParams } from "../engine/sampling-params.js";
+import { QUEUE_SHARES } from "../engine/admission.js";
+import { Priority } from "../engine/request.js";
 import { machineInfo, modelInfo } from "./machine.js";
 import { attributeStep, speedup, summarize, table, type BenchResult, type RequestTiming, type StepTotals } from "./stats.js";
 import { builtinPrompts, syntheticPrompts } from "./workload.js";
@@ -65,14 +67,16 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
   const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
   const levels = o.mode === "compare" ? [1, o.numPrompts] : o.concurrency;
   const maxSeqs = Math.max(...levels);
-  const m = createModel("bench", o.model, {
+  const m = await createModel("bench", o.model, {
     ...DEFAULT_ENGINE_CONFIG, maxNumSeqs: maxSeqs, kvCacheMemory: o.kvCacheMemory ?? DEFAULT_ENGINE_CONFIG.kvCacheMemory,
     maxNumBatchedTokens: o.maxNumBatchedTokens ?? DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens,
-    maxWaitingRequests: Math.max(DEFAULT_ENGINE_CONFIG.maxWaitingRequests, o.numPrompts),
+    // Compare mode queues every prompt at once, from one tenant at NORMAL priority.
+    maxWaitingPerTenant: 0,
+    maxWaitingRequests: Math.max(DEFAULT_ENGINE_CONFIG.maxWaitingRequests, Math.ceil(o.numPrompts / QUEUE_SHARES[Priority.NORMAL]!)),
     // Every level reruns the same prompts: caching would turn later levels' prefill into cache hits.
     // Only a prefix workload (--prefix-len) measures the cache, within each level.
     enablePrefixCaching: (o.prefixLen ?? 0) > 0,
-  }, { step: (s, rows) => attributeStep(steps, s, rows) }, say);
+  }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
   const vocab = m.checkpoint.config.vocab;
   const prompts = o.promptLen
     ? syntheticPrompts({ numPrompts: o.numPrompts, promptLen: o.promptLen, prefixLen: o.prefixLen ?? 0, vocab })

@@ -116,11 +116,11 @@ export async function peerBench(o: PeerOptions): Promise<void> {
   }
   const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
   const maxN = Math.max(...o.concurrency);
-  const m = createModel("weft", modelDir, {
+  const m = await createModel("weft", modelDir, {
     ...DEFAULT_ENGINE_CONFIG, maxNumSeqs: maxN, maxNumBatchedTokens: Math.max(o.prefillLen, DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens),
     kvCacheMemory: kvBytesPerBlock(checkpointConfig(modelDir), 32) * (Math.ceil((o.promptLen + o.outputLen) / 32) * maxN + Math.ceil(o.prefillLen / 32) + 2),
     enablePrefixCaching: false,
-  }, { step: (s, rows) => attributeStep(steps, s, rows) }, say);
+  }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
   const vocab = m.checkpoint.config.vocab;
   const prefillPrompt = syntheticPrompts({ numPrompts: 1, promptLen: o.prefillLen, vocab, seed: 99 })[0]!;
   await runLevel(m, [prefillPrompt.slice(0, 16)], 2, 1, steps); // warm-up

@@ -34,7 +34,7 @@ export async function profileSteps(o: ProfileOptions): Promise<ProfileRow[]> {
   const blockSize = 32;
   const maxB = Math.max(...o.batch);
   const perSeq = Math.ceil((Math.max(o.context + o.steps + 1, o.prefill)) / blockSize);
-  const runner = new ModelRunner(ckpt, { numBlocks: perSeq * maxB + 1, blockSize });
+  const runner = await ModelRunner.create(ckpt, { numBlocks: perSeq * maxB + 1, blockSize });
   const params = defaultSamplingParams({ temperature: 0, maxTokens: 1 });
   const table_ = (b: number): number[] => Array.from({ length: perSeq }, (_, i) => b * perSeq + i);
   const rows: ProfileRow[] = [];
@@ -71,6 +71,7 @@ export async function profileSteps(o: ProfileOptions): Promise<ProfileRow[]> {
       tokenIds: ids(o.prefill, 3), startPosition: 0, blockTable: table_(0), sample: { params, counter: 0, promptIds: [], outputIds: [] },
     }], 2);
   }
+  await runner.dispose();
   return rows;
 }
 

@@ -19,8 +19,8 @@ export interface GenerateOptions {
 
 export async function generate(o: GenerateOptions): Promise<void> {
   if ((o.prompt === undefined) === (o.promptIds === undefined)) throw new Error("give exactly one of --prompt and --prompt-ids");
-  const m = createModel("cli", o.model, { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1 }, {},
-    (msg) => process.stderr.write(`${msg}\n`));
+  const m = await createModel("cli", o.model, { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1 },
+    { log: (msg) => process.stderr.write(`${msg}\n`) });
   let promptIds: number[];
   if (o.promptIds !== undefined) {
     promptIds = o.promptIds.split(",").map((s) => Number(s.trim()));

@@ -2,8 +2,9 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { pino } from "pino";
-import { DEFAULT_ENGINE_CONFIG, EngineManager, kvBytesPerBlock, planKv, type EngineConfig } from "../engine/engine-manager.js";
+import { pino, type Logger } from "pino";
+import { EngineManager, kvBytesPerBlock, planKv, type ManagerHooks } from "../engine/engine-manager.js";
+import type { EngineConfig } from "../engine/engine-config.js";
 import { makeModel } from "../model/make-model.js";
 import { readModelConfig } from "../model/config.js";
 import { parseModelSpec, resolveModelSource } from "../model/registry.js";
@@ -12,6 +13,7 @@ import { buildServer } from "../server/app.js";
 import { Metrics } from "../server/metrics.js";
 import { RateLimiter } from "../server/rate-limiter.js";
 import { DEFAULT_DB_PATH, KeyStore } from "../store/database.js";
+import { UsageRecorder } from "../store/usage-recorder.js";
 
 export interface ServeOptions {
   host: string;
@@ -23,18 +25,13 @@ export interface ServeOptions {
   bodyLimit: number;
   maxLoadedModels: number;
   shutdownTimeout: number;
-  blockSize: number;
-  kvCacheMemory: number;
-  maxNumSeqs: number;
-  maxNumBatchedTokens: number;
-  prefixCaching: boolean;
-  priorityAgingRate: number;
-  maxWaitingRequests: number;
-  maxModelLen: number;
   rateLimit: number;
   rateLimitTokens: number;
+  rateLimitSequences: number;
   streamStallTimeout: number;
   streamMaxBuffer: number;
+  /** Every engine knob, from ENGINE_FLAGS. */
+  engine: EngineConfig;
 }
 
 export const DEMO_PRESET = "qwen3-0.6b";
@@ -61,12 +58,13 @@ async function resolveModels(specs: string[], log: pino.Logger): Promise<Map<str
   return models;
 }
 
-export function engineConfig(o: ServeOptions): EngineConfig {
+/** How the manager reports to metrics and the log; load failures keep their detail (paths) in the log only. */
+export function managerHooks(metrics: Metrics, log: Logger): ManagerHooks {
   return {
-    ...DEFAULT_ENGINE_CONFIG,
-    blockSize: o.blockSize, kvCacheMemory: o.kvCacheMemory, maxNumSeqs: o.maxNumSeqs,
-    maxNumBatchedTokens: o.maxNumBatchedTokens, enablePrefixCaching: o.prefixCaching,
-    agingRate: o.priorityAgingRate, maxWaitingRequests: o.maxWaitingRequests, maxModelLen: o.maxModelLen,
+    observer: (id) => metrics.observer(id),
+    onUnload: (m) => metrics.unloaded(m),
+    log: (m) => log.info(m),
+    logLoadFailure: (model, id, e) => log.error({ id, model, err: e instanceof Error ? { message: e.message, stack: e.stack } : String(e) }, "model load failed"),
   };
 }
 
@@ -74,13 +72,13 @@ export async function serve(o: ServeOptions): Promise<void> {
   const log = pino({ base: undefined });
   const models = await resolveModels(o.model, log);
   const metrics = new Metrics(() => manager);
-  const manager: EngineManager = new EngineManager(models, engineConfig(o), o.maxLoadedModels,
-    (id) => metrics.observer(id), (m) => log.info(m));
+  const manager: EngineManager = new EngineManager(models, o.engine, o.maxLoadedModels, managerHooks(metrics, log));
   const store = new KeyStore(o.db);
   const auth = new Authenticator(store, o.apiKey ?? null);
+  const usage = new UsageRecorder(store, { log });
   const server = buildServer({
-    manager, auth, store, logger: log, metrics, bodyLimit: o.bodyLimit, protectMetrics: o.protectMetrics ?? false,
-    rateLimiter: new RateLimiter({ requestsPerMinute: o.rateLimit, tokensPerMinute: o.rateLimitTokens }),
+    manager, auth, usage, logger: log, metrics, bodyLimit: o.bodyLimit, protectMetrics: o.protectMetrics ?? false,
+    rateLimiter: new RateLimiter({ requestsPerMinute: o.rateLimit, tokensPerMinute: o.rateLimitTokens, sequencesPerMinute: o.rateLimitSequences }),
     sseLimits: { stallTimeoutMs: o.streamStallTimeout * 1000, maxBufferedBytes: o.streamMaxBuffer },
   });
   let stopping = false;
@@ -89,6 +87,7 @@ export async function serve(o: ServeOptions): Promise<void> {
     stopping = true;
     log.info(`${signal}: draining for up to ${o.shutdownTimeout}s`);
     server.shutdown(o.shutdownTimeout * 1000).then(() => {
+      usage.close();
       store.close();
       log.info("stopped");
       process.exit(0);

@@ -1,54 +1,30 @@
 /**
- * Engines per model, created on first use; the least recently used idle one
- * is unloaded past `maxLoadedModels`; shutdown drains them all.
+ * Engines per model, loaded on first use off the event loop; past
+ * `maxLoadedModels` the least recently used idle one is unloaded and its
+ * native memory freed at once; a model that fails to load is reported as
+ * such; shutdown drains them all.
  */
 import fs from "node:fs";
 import path from "node:path";
 import { loadCheckpoint, type Checkpoint } from "../model/checkpoint.js";
 import { TextTokenizer } from "../model/tokenizer.js";
 import { ModelRunner } from "../runtime/model-runner.js";
-import { Engine, type EngineObserver } from "./engine.js";
+import { EngineError } from "./errors.js";
+import { DEFAULT_ENGINE_CONFIG, type EngineConfig, type ModelLimits } from "./engine-config.js";
+import { PromptEncoder } from "../model/prompt-encoder.js";
+import { Engine, type EngineObserver, type Runner } from "./engine.js";
 
-export interface EngineConfig {
-  blockSize: number;
-  /** Bytes of KV cache per model; sets the number of blocks. */
-  kvCacheMemory: number;
-  /**
-   * Sequences per step. 32: on a CPU a decode step is compute-bound well before
-   * this, and more only lengthens every step.
-   */
-  maxNumSeqs: number;
-  /**
-   * Tokens per step. 256: a prefill chunk this size takes a few hundred ms on a
-   * small model, which bounds how long running streams stall behind a long prompt.
-   */
-  maxNumBatchedTokens: number;
-  enablePrefixCaching: boolean;
-  agingRate: number;
-  maxWaitingRequests: number;
-  /** Caps the model's context length (0: the model's own). */
-  maxModelLen: number;
-}
-
-export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
-  blockSize: 32,
-  kvCacheMemory: 2 * 1024 ** 3,
-  maxNumSeqs: 32,
-  maxNumBatchedTokens: 256,
-  enablePrefixCaching: true,
-  agingRate: 0.1,
-  maxWaitingRequests: 1024,
-  maxModelLen: 0,
-};
+export { DEFAULT_ENGINE_CONFIG, type EngineConfig };
 
 export interface LoadedModel {
   id: string;
   dir: string;
   checkpoint: Checkpoint;
   tokenizer: TextTokenizer | null;
+  /** Templating and tokenization, large inputs off the event loop. */
+  encoder: PromptEncoder;
   runner: ModelRunner;
   engine: Engine;
-  numBlocks: number;
   lastUsed: number;
 }
 
@@ -68,38 +44,60 @@ export function planKv(c: Checkpoint["config"], cfg: EngineConfig): { maxModelLe
   return { maxModelLen: Math.min(wanted, numBlocks * cfg.blockSize), numBlocks };
 }
 
-/** Loads a model directory and builds its engine. */
-export function createModel(id: string, dir: string, cfg: EngineConfig, observer: EngineObserver = {}, log: (msg: string) => void = () => {}): LoadedModel {
+/** Loads a model directory and builds its engine; the weights are mapped and packed off the event loop. */
+export async function createModel(id: string, dir: string, cfg: EngineConfig, hooks: ManagerHooks = {}): Promise<LoadedModel> {
   const checkpoint = loadCheckpoint(dir);
   const c = checkpoint.config;
   const tokenizer = fs.existsSync(path.join(dir, "tokenizer.json")) ? TextTokenizer.fromDir(dir) : null;
   const { maxModelLen, numBlocks } = planKv(c, cfg);
-  const runner = new ModelRunner(checkpoint, { numBlocks, blockSize: cfg.blockSize });
+  const runner = await ModelRunner.create(checkpoint, { numBlocks, blockSize: cfg.blockSize });
   const eos = [...c.eosTokenIds];
   const eosTok = tokenizer?.eosToken ? tokenizer.tokenId(tokenizer.eosToken) : undefined;
   if (eosTok !== undefined && !eos.includes(eosTok)) eos.push(eosTok);
-  const engine = new Engine(runner, {
-    numBlocks, blockSize: cfg.blockSize, maxNumSeqs: cfg.maxNumSeqs, maxNumBatchedTokens: cfg.maxNumBatchedTokens,
-    maxModelLen, vocabSize: c.vocab, eosTokenIds: eos, enablePrefixCaching: cfg.enablePrefixCaching,
-    agingRate: cfg.agingRate, maxWaitingRequests: cfg.maxWaitingRequests,
-  }, tokenizer, undefined, observer);
+  const limits: ModelLimits = { maxModelLen, numBlocks, vocabSize: c.vocab, eosTokenIds: eos };
+  const engine = new Engine(hooks.wrapRunner?.(runner, id) ?? runner, cfg, limits, tokenizer, undefined, hooks.observer?.(id) ?? {});
   const info = runner.info();
-  log(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
+  hooks.log?.(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
     `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
     `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB); kernels ${info.isa}, ${info.threads} threads`);
-  return { id, dir, checkpoint, tokenizer, runner, engine, numBlocks, lastUsed: Date.now() };
+  return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer), runner, engine, lastUsed: Date.now() };
+}
+
+/** Stops a model's engine (ending what it still runs) and frees its native memory now. */
+export async function unloadModel(m: LoadedModel): Promise<void> {
+  await m.engine.shutdown(0);
+  await m.runner.dispose();
+  await m.encoder.close();
+}
+
+/** What the manager reports about one configured model. */
+export type ModelState = { state: "unloaded" } | { state: "loading" } | { state: "ready"; model: LoadedModel } | { state: "failed"; at: number };
+
+/** A model that failed to load is retried after this long. */
+const LOAD_RETRY_MS = 30_000;
+
+export interface ManagerHooks {
+  observer?: (modelId: string) => EngineObserver;
+  /** A model is about to be unloaded (metrics take its last totals). */
+  onUnload?: (m: LoadedModel) => void;
+  log?: (msg: string) => void;
+  /** A load failure, with its full detail (paths included): for the server log only. */
+  logLoadFailure?: (modelId: string, requestId: string, error: unknown) => void;
+  /** Wraps each model's runner (tracing; tests inject faults here). */
+  wrapRunner?: (runner: Runner, modelId: string) => Runner;
 }
 
 export class EngineManager {
   private readonly loaded = new Map<string, LoadedModel>();
+  private readonly loading = new Map<string, Promise<LoadedModel>>();
+  private readonly failed = new Map<string, number>();
 
   constructor(
     /** Model id → directory. */
     readonly models: ReadonlyMap<string, string>,
     readonly config: EngineConfig,
     readonly maxLoadedModels = 4,
-    private readonly observer: (modelId: string) => EngineObserver = () => ({}),
-    private readonly log: (msg: string) => void = () => {},
+    private readonly hooks: ManagerHooks = {},
   ) {}
 
   has(id: string): boolean {
@@ -111,31 +109,89 @@ export class EngineManager {
     return [...this.loaded.values()];
   }
 
-  /** The model's engine, loading it if needed. */
-  get(id: string): LoadedModel {
-    let m = this.loaded.get(id);
-    if (!m) {
-      const dir = this.models.get(id);
-      if (!dir) throw new Error(`unknown model ${id}`);
-      this.evictIdle();
-      m = createModel(id, dir, this.config, this.observer(id), this.log);
-      this.loaded.set(id, m);
-    }
+  state(id: string): ModelState {
+    const m = this.loaded.get(id);
+    if (m) return { state: "ready", model: m };
+    if (this.loading.has(id)) return { state: "loading" };
+    const at = this.failed.get(id);
+    return at !== undefined ? { state: "failed", at } : { state: "unloaded" };
+  }
+
+  /** The model's engine, loading it if needed. A load failure's detail goes to `logLoadFailure`, never to the caller. */
+  async acquire(id: string, requestId: string): Promise<LoadedModel> {
+    const dir = this.models.get(id);
+    if (dir === undefined) throw notFound(id);
+    const m = this.loaded.get(id) ?? await this.load(id, dir, requestId);
     m.lastUsed = Date.now();
     return m;
   }
 
+  /** The OpenAI model object for /v1/models, with Weft's load state. */
+  card(id: string): Record<string, unknown> {
+    if (!this.models.has(id)) throw notFound(id);
+    const s = this.state(id);
+    return {
+      id, object: "model", created: 0, owned_by: "weft", status: s.state,
+      ...(s.state === "ready" ? { max_model_len: s.model.engine.limits.maxModelLen } : {}),
+    };
+  }
+
   async shutdown(timeoutMs: number): Promise<void> {
-    await Promise.all([...this.loaded.values()].map((m) => m.engine.shutdown(timeoutMs)));
+    await Promise.allSettled(this.loading.values());
+    await Promise.all([...this.loaded.values()].map(async (m) => {
+      await m.engine.shutdown(timeoutMs);
+      await unloadModel(m);
+    }));
     this.loaded.clear();
   }
 
-  private evictIdle(): void {
-    while (this.loaded.size >= this.maxLoadedModels) {
-      const idle = [...this.loaded.values()].filter((m) => m.engine.idle).sort((a, b) => a.lastUsed - b.lastUsed)[0];
-      if (!idle) return; // all busy: go over the limit rather than fail
-      this.log(`unloading idle model ${idle.id}`);
-      this.loaded.delete(idle.id);
+  private load(id: string, dir: string, requestId: string): Promise<LoadedModel> {
+    const failedAt = this.failed.get(id);
+    if (failedAt !== undefined && Date.now() - failedAt < LOAD_RETRY_MS) {
+      return Promise.reject(loadFailed(id, Math.ceil((failedAt + LOAD_RETRY_MS - Date.now()) / 1000)));
+    }
+    let p = this.loading.get(id);
+    if (!p) {
+      p = this.startLoad(id, dir).finally(() => this.loading.delete(id));
+      this.loading.set(id, p);
+    }
+    return p.catch((e: unknown) => {
+      this.hooks.logLoadFailure?.(id, requestId, e);
+      throw loadFailed(id, Math.ceil(LOAD_RETRY_MS / 1000));
+    });
+  }
+
+  private async startLoad(id: string, dir: string): Promise<LoadedModel> {
+    await this.evictIdle(id);
+    try {
+      const m = await createModel(id, dir, this.config, this.hooks);
+      this.failed.delete(id);
+      this.loaded.set(id, m);
+      return m;
+    } catch (e) {
+      this.failed.set(id, Date.now());
+      throw e;
     }
   }
+
+  /** Makes room for `loadingId` (itself counted among the loading). */
+  private async evictIdle(loadingId: string): Promise<void> {
+    const others = (): number => [...this.loading.keys()].filter((k) => k !== loadingId).length;
+    while (this.loaded.size + others() >= this.maxLoadedModels) {
+      const idle = [...this.loaded.values()].filter((m) => m.engine.idle).sort((a, b) => a.lastUsed - b.lastUsed)[0];
+      if (!idle) return; // all busy: go over the limit rather than fail
+      this.hooks.log?.(`unloading idle model ${idle.id}`);
+      this.loaded.delete(idle.id);
+      this.hooks.onUnload?.(idle);
+      await unloadModel(idle);
+    }
+  }
+}
+
+function notFound(id: string): EngineError {
+  return new EngineError("model_not_found", `the model '${id}' does not exist`, "model", undefined, id);
+}
+
+function loadFailed(id: string, retryAfter: number): EngineError {
+  return new EngineError("model_load_failed", `the model '${id}' could not be loaded`, "model", retryAfter, id);
 }

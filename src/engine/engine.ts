@@ -7,28 +7,16 @@ import { KvCacheManager } from "../kv/kv-cache-manager.js";
 import { IncrementalDetokenizer } from "../model/detokenizer.js";
 import type { TextTokenizer } from "../model/tokenizer.js";
 import type { RunnerSequence, StepResult } from "../runtime/model-runner.js";
+import { AdmissionPolicy, refusalError } from "./admission.js";
+import type { EngineConfig, ModelLimits } from "./engine-config.js";
 import { EngineError } from "./errors.js";
 import { OutputStream, type RequestOutput } from "./output-stream.js";
-import { Priority, Request, RequestStatus, finishReason, type RequestInput } from "./request.js";
+import { Priority, Request, RequestStatus, finishReason, type RequestInput, type StopReason } from "./request.js";
 import { Scheduler, type ScheduledRequest } from "./scheduler.js";
 import { StopStringMatcher } from "./stop-strings.js";
 
 export interface Runner {
-  execute(seqs: readonly RunnerSequence[], injectFailure?: boolean): Promise<StepResult>;
-}
-
-export interface EngineOptions {
-  numBlocks: number;
-  blockSize: number;
-  maxNumSeqs: number;
-  maxNumBatchedTokens: number;
-  maxModelLen: number;
-  vocabSize: number;
-  eosTokenIds: readonly number[];
-  enablePrefixCaching: boolean;
-  agingRate: number;
-  /** Waiting requests beyond this are refused (queue_full). */
-  maxWaitingRequests: number;
+  execute(seqs: readonly RunnerSequence[]): Promise<StepResult>;
 }
 
 /** Latency samples, in seconds, for the server's histograms. */
@@ -62,7 +50,6 @@ interface Live {
   stream: OutputStream;
   detok: IncrementalDetokenizer | null;
   stops: StopStringMatcher;
-  stoppedByString: boolean;
   pending: RequestOutput;
 }
 
@@ -73,35 +60,43 @@ export class Engine {
   private loop: Promise<void> | null = null;
   private sequence = 0;
   private accepting = true;
-  private failNext = false;
   private steps = 0;
+  private readonly admission: AdmissionPolicy;
 
   constructor(
     private readonly runner: Runner,
-    readonly options: EngineOptions,
+    readonly config: EngineConfig,
+    readonly limits: ModelLimits,
     private readonly tokenizer: TextTokenizer | null = null,
     private readonly now: () => number = () => performance.now() / 1000,
     private readonly observer: EngineObserver = {},
   ) {
-    this.kv = new KvCacheManager(options.numBlocks, options.blockSize, options.enablePrefixCaching);
-    this.scheduler = new Scheduler(
-      { maxNumSeqs: options.maxNumSeqs, maxNumBatchedTokens: options.maxNumBatchedTokens, agingRate: options.agingRate, maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds },
-      this.kv,
-      now,
-    );
+    this.kv = new KvCacheManager(limits.numBlocks, config.blockSize, config.enablePrefixCaching);
+    this.scheduler = new Scheduler(config, limits, this.kv, now);
+    this.admission = new AdmissionPolicy(config);
   }
 
   /** Queues a request; its outputs arrive on the returned stream. Throws EngineError at admission. */
   add(input: RequestInput): OutputStream {
-    this.admit(input);
-    const id = input.id ?? randomUUID();
-    if (this.live.has(id)) throw new EngineError("invalid_request", `request id ${id} is already in use`);
+    return this.addGroup([input])[0]!;
+  }
+
+  /** Queues requests that stand or fall together (one API request's prompts × n): all are admitted, or none. */
+  addGroup(inputs: readonly RequestInput[]): OutputStream[] {
+    for (const input of inputs) this.check(input);
+    this.admitGroup(inputs);
+    const ids = inputs.map((input) => input.id ?? randomUUID());
+    if (new Set(ids).size !== ids.length || ids.some((id) => this.live.has(id))) throw new EngineError("invalid_request", "request ids must be unique");
+    return inputs.map((input, i) => this.enqueue(input, ids[i]!));
+  }
+
+  private enqueue(input: RequestInput, id: string): OutputStream {
     const tenant = input.tenant ?? "";
     const r = new Request(id, [...input.promptTokenIds], input.params, input.priority ?? Priority.NORMAL, tenant,
       input.cacheSalt ?? tenant, this.now(), this.sequence++);
     const stream = new OutputStream(id, () => this.abort(id));
     const detok = this.tokenizer ? new IncrementalDetokenizer(this.tokenizer, r.promptTokenIds) : null;
-    this.live.set(id, { request: r, stream, detok, stops: new StopStringMatcher(input.params.stop), stoppedByString: false, pending: emptyOutput() });
+    this.live.set(id, { request: r, stream, detok, stops: new StopStringMatcher(input.params.stop, input.params.includeStopStrInOutput), pending: emptyOutput() });
     this.scheduler.add(r);
     this.kick();
     return stream;
@@ -115,11 +110,6 @@ export class Engine {
     l.request.errorKind = errorKind;
     this.scheduler.finish(l.request, status);
     this.complete(l);
-  }
-
-  /** Test hook: the next step fails inside the addon, as a native fault would. */
-  failNextStep(): void {
-    this.failNext = true;
   }
 
   get idle(): boolean {
@@ -154,9 +144,10 @@ export class Engine {
     await this.loop;
   }
 
-  private admit(input: RequestInput): void {
+  /** Checks one request on its own: it must be computable and fit the context and the KV pool. */
+  private check(input: RequestInput): void {
     if (!this.accepting) throw new EngineError("shutting_down", "the engine is shutting down");
-    const n = input.promptTokenIds.length, o = this.options;
+    const n = input.promptTokenIds.length, o = { ...this.limits, blockSize: this.config.blockSize };
     if (n === 0) throw new EngineError("invalid_request", "the prompt is empty", "prompt");
     const bad = input.promptTokenIds.find((t) => !Number.isInteger(t) || t < 0 || t >= o.vocabSize);
     if (bad !== undefined) throw new EngineError("invalid_request", `prompt token id ${bad} is outside the vocabulary (0..${o.vocabSize - 1})`, "prompt");
@@ -169,9 +160,14 @@ export class Engine {
       throw new EngineError("invalid_request",
         `prompt + max_tokens (${total} tokens) can never fit the KV cache (${o.numBlocks} blocks of ${o.blockSize} tokens)`, "max_tokens");
     }
-    if (this.scheduler.waiting.size >= o.maxWaitingRequests) {
-      throw new EngineError("queue_full", `the queue is full (${o.maxWaitingRequests} waiting requests)`);
-    }
+  }
+
+  /** Queue room, decided by the admission policy for the whole group. */
+  private admitGroup(inputs: readonly RequestInput[]): void {
+    const first = inputs[0];
+    if (!first) return;
+    const verdict = this.admission.check(this.scheduler.waiting, { priority: first.priority ?? Priority.NORMAL, tenant: first.tenant ?? "", sequences: inputs.length });
+    if (!verdict.ok) throw refusalError(verdict);
   }
 
   private kick(): void {
@@ -195,10 +191,8 @@ export class Engine {
       sample: sample ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds } : null,
     }));
     const start = this.now();
-    const inject = this.failNext;
-    this.failNext = false;
     try {
-      const result = await this.runner.execute(seqs, inject);
+      const result = await this.runner.execute(seqs);
       this.steps++;
       const decode = scheduled.filter((s) => s.request.outputTokenIds.length > 0 && s.numTokens === 1 && s.request.numComputedTokens === s.request.numTokens - 1).length;
       this.observer.step?.(this.now() - start, { decode, prefill: seqs.reduce((n, s) => n + s.tokenIds.length, 0) - decode });
@@ -214,6 +208,11 @@ export class Engine {
     const tokens = result.samples.map((s) => s?.tokenId ?? null);
     this.scheduler.update(scheduled, tokens);
     const now = this.now();
+    // A row the step could not compute fails alone; the rest of the batch goes on.
+    scheduled.forEach((s, i) => {
+      const error = result.errors[i];
+      if (error) this.abort(s.request.id, RequestStatus.FINISHED_ERROR, `step failed for this request: ${error}`);
+    });
     scheduled.forEach((s, i) => {
       const sample = result.samples[i];
       const l = this.live.get(s.request.id);
@@ -234,15 +233,12 @@ export class Engine {
     r.lastTokenTime = now;
     l.pending.tokenIds.push(tokenId);
     l.pending.logprobs.push(logprob);
-    const stopped = r.status === RequestStatus.FINISHED_STOPPED;
-    const isEos = stopped && !r.params.ignoreEos && (this.options.eosTokenIds.includes(tokenId) || r.params.stopTokenIds.includes(tokenId));
-    const delta = l.detok && !isEos ? l.detok.push(tokenId) : "";
-    const { text, stopped: byString } = l.stops.push(delta);
+    // The scheduler decided whether this token stopped the request; its text is hidden unless asked for.
+    const hidden = r.stopReason?.kind === "token" && !r.params.includeStopStrInOutput;
+    const delta = l.detok && !hidden ? l.detok.push(tokenId) : "";
+    const { text, stopped: matched } = l.stops.push(delta);
     l.pending.text += text;
-    if (byString) {
-      l.stoppedByString = true;
-      this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED);
-    }
+    if (matched !== null) this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "string", stop: matched });
     if (r.status >= RequestStatus.FINISHED_STOPPED) this.complete(l);
     else this.flush(l);
   }
@@ -258,19 +254,27 @@ export class Engine {
     const r = l.request;
     this.live.delete(r.id);
     const out = l.pending;
-    if (!l.stoppedByString) {
+    if (r.stopReason?.kind !== "string") {
       // Release held-back text (an incomplete character, a possible stop-string prefix).
       const tail = l.detok && r.status !== RequestStatus.FINISHED_ABORTED ? l.detok.flush() : "";
       out.text += l.stops.push(tail).text + l.stops.flush();
     }
     out.finished = true;
     out.finishReason = finishReason(r.status) ?? "error";
+    out.stopReason = stopReasonValue(r.stopReason);
     out.usage = { promptTokens: r.promptTokenIds.length, completionTokens: r.outputTokenIds.length, cachedTokens: r.numCachedTokens };
     if (r.error) Object.assign(out, { error: r.error, errorKind: r.errorKind });
     this.observer.e2eLatency?.(this.now() - r.arrivalTime);
     this.observer.finished?.(r);
     l.stream.push(out);
   }
+}
+
+/** vLLM's stop_reason: the stop token id or stop string; null for EOS and non-stop endings. */
+function stopReasonValue(s: StopReason | null): number | string | null {
+  if (!s) return null;
+  if (s.kind === "string") return s.stop;
+  return s.eos ? null : s.tokenId;
 }
 
 function emptyOutput(): RequestOutput {

@@ -16,6 +16,8 @@ export interface RequestOutput {
   logprobs: GeneratedLogprob[];
   finished: boolean;
   finishReason?: FinishReason;
+  /** vLLM's stop_reason: the stop token id or stop string that ended it; null for EOS. */
+  stopReason?: number | string | null;
   usage?: Usage;
   /** Set when finishReason is "error". */
   error?: string;
@@ -73,7 +75,7 @@ export class OutputStream implements AsyncIterable<RequestOutput> {
       all.tokenIds.push(...o.tokenIds);
       all.text += o.text;
       all.logprobs.push(...o.logprobs);
-      if (o.finished) Object.assign(all, { finished: true, finishReason: o.finishReason, usage: o.usage, error: o.error, errorKind: o.errorKind });
+      if (o.finished) Object.assign(all, { finished: true, finishReason: o.finishReason, stopReason: o.stopReason, usage: o.usage, error: o.error, errorKind: o.errorKind });
     }
     return all;
   }

@@ -3,20 +3,34 @@
  *   effective = base − rate × (now − arrival)
  * Lower runs first. Since rate × now is the same for every request at any
  * instant, the order equals the order of the time-invariant key
- * base + rate × arrival, so a binary heap on that key gives O(log n) push/pop
- * with no rescans, and the order is always the current effective order.
+ * base + rate × arrival (agingKey), so a binary heap on that key gives O(log n)
+ * push/pop with no rescans, and the order is always the current effective order.
+ * Counts per base priority and per tenant are kept in O(1) for admission.
  */
 import type { Priority } from "./request.js";
 
 export interface Queued {
   readonly priority: Priority;
+  readonly tenant: string;
   readonly arrivalTime: number;
   readonly sequence: number;
+}
+
+/** The time-invariant key of effective priority (lower runs first): the one definition of aging order. */
+export function agingKey(r: Queued, rate: number): number {
+  return r.priority + rate * r.arrivalTime;
+}
+
+/** Whether `a` runs before `b`: the lower aging key, the earlier admission on ties. */
+export function runsBefore(a: Queued, b: Queued, rate: number): boolean {
+  const ka = agingKey(a, rate), kb = agingKey(b, rate);
+  return ka < kb || (ka === kb && a.sequence < b.sequence);
 }
 
 export class RequestQueue<T extends Queued> {
   private readonly heap: T[] = [];
   private readonly perPriority = [0, 0, 0];
+  private readonly perTenant = new Map<string, number>();
 
   constructor(readonly agingRate: number) {}
 
@@ -29,13 +43,15 @@ export class RequestQueue<T extends Queued> {
     return this.perPriority;
   }
 
-  effectivePriority(r: T, now: number): number {
-    return r.priority - this.agingRate * (now - r.arrivalTime);
+  /** Waiting count of one tenant. */
+  waitingOf(tenant: string): number {
+    return this.perTenant.get(tenant) ?? 0;
   }
 
   push(r: T): void {
     this.heap.push(r);
     this.perPriority[r.priority]!++;
+    this.perTenant.set(r.tenant, this.waitingOf(r.tenant) + 1);
     this.up(this.heap.length - 1);
   }
 
@@ -68,18 +84,16 @@ export class RequestQueue<T extends Queued> {
     yield* this.heap;
   }
 
-  private key(r: T): number {
-    return r.priority + this.agingRate * r.arrivalTime;
-  }
-
   private less(a: T, b: T): boolean {
-    const ka = this.key(a), kb = this.key(b);
-    return ka < kb || (ka === kb && a.sequence < b.sequence);
+    return runsBefore(a, b, this.agingRate);
   }
 
   private removeAt(i: number): void {
     const r = this.heap[i]!;
     this.perPriority[r.priority]!--;
+    const left = this.waitingOf(r.tenant) - 1;
+    if (left > 0) this.perTenant.set(r.tenant, left);
+    else this.perTenant.delete(r.tenant); // only tenants with waiting requests keep an entry
     const last = this.heap.pop()!;
     if (i < this.heap.length) {
       this.heap[i] = last;

@@ -30,6 +30,9 @@ export function finishReason(s: RequestStatus): FinishReason | null {
   }
 }
 
+/** Why a request stopped with finish_reason "stop": a stop token (EOS or stop_token_ids) or a stop string. */
+export type StopReason = { kind: "token"; tokenId: number; eos: boolean } | { kind: "string"; stop: string };
+
 export enum Priority {
   HIGH = 0,
   NORMAL = 1,
@@ -62,6 +65,8 @@ export class Request {
   firstTokenTime: number | null = null;
   lastTokenTime: number | null = null;
   scheduledTime: number | null = null;
+  /** Set with FINISHED_STOPPED by whoever decided the stop (the scheduler, or the engine for stop strings). */
+  stopReason: StopReason | null = null;
   error: string | null = null;
   errorKind: "shutdown" | "internal" = "internal";
 

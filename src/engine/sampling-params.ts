@@ -17,6 +17,8 @@ export interface SamplingParams {
   stop: string[];
   stopTokenIds: number[];
   ignoreEos: boolean;
+  /** Keep the matched stop string, or the stop token's text, in the output (vLLM's include_stop_str_in_output). */
+  includeStopStrInOutput: boolean;
 }
 
 export const MAX_SEED = Number.MAX_SAFE_INTEGER;
@@ -36,11 +38,7 @@ export function defaultSamplingParams(overrides: Partial<SamplingParams> = {}): 
     stop: [],
     stopTokenIds: [],
     ignoreEos: false,
+    includeStopStrInOutput: false,
     ...overrides,
   };
-}
-
-/** Whether any penalty needs the request's token history. */
-export function usesPenalties(p: SamplingParams): boolean {
-  return p.repetitionPenalty !== 1 || p.presencePenalty !== 0 || p.frequencyPenalty !== 0;
 }

@@ -5,17 +5,9 @@
  * then waiting requests by effective priority while budget and blocks allow.
  */
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
-import { RequestQueue } from "./request-queue.js";
-import { Request, RequestStatus, isFinished } from "./request.js";
-
-export interface SchedulerConfig {
-  maxNumSeqs: number;
-  maxNumBatchedTokens: number;
-  agingRate: number;
-  /** The model's context length: generation stops there. */
-  maxModelLen: number;
-  eosTokenIds: readonly number[];
-}
+import type { EngineConfig, ModelLimits } from "./engine-config.js";
+import { RequestQueue, runsBefore } from "./request-queue.js";
+import { Request, RequestStatus, isFinished, type StopReason } from "./request.js";
 
 export interface ScheduledRequest {
   request: Request;
@@ -36,7 +28,8 @@ export class Scheduler {
   readonly counters: SchedulerCounters = { preemptions: 0, agingPromotions: 0 };
 
   constructor(
-    readonly config: SchedulerConfig,
+    readonly config: EngineConfig,
+    readonly limits: ModelLimits,
     readonly kv: KvCacheManager,
     private readonly now: () => number,
   ) {
@@ -94,7 +87,8 @@ export class Scheduler {
 
   /**
    * Records a step's results: computed counts advance, sampled tokens are
-   * appended, and token-level stop conditions end requests.
+   * appended, and stop conditions end requests (the one place they are decided,
+   * as vLLM's check_stop; stop strings, found in text, come back through finish).
    */
   update(scheduled: readonly ScheduledRequest[], sampled: readonly (number | null)[]): void {
     scheduled.forEach((s, i) => {
@@ -105,33 +99,30 @@ export class Scheduler {
       const token = sampled[i];
       if (token === null || token === undefined) return;
       r.outputTokenIds.push(token);
-      const stop = this.tokenStop(r, token);
-      if (stop !== null) this.finish(r, stop);
+      this.checkStop(r, token);
     });
   }
 
-  /** Ends a request now: out of the queues, blocks freed. */
-  finish(r: Request, status: RequestStatus): void {
+  /** Ends a request now: out of the queues, blocks freed; `reason` says why it stopped. */
+  finish(r: Request, status: RequestStatus, reason: StopReason | null = null): void {
     if (isFinished(r.status)) return;
     if (r.status === RequestStatus.RUNNING) this.running = this.running.filter((x) => x !== r);
     else this.waiting.remove(r);
     r.status = status;
+    r.stopReason = reason;
     this.kv.free(r.id);
   }
 
-  private tokenStop(r: Request, token: number): RequestStatus | null {
+  private checkStop(r: Request, token: number): void {
     const p = r.params;
-    if (!p.ignoreEos && this.config.eosTokenIds.includes(token)) return RequestStatus.FINISHED_STOPPED;
-    if (p.stopTokenIds.includes(token)) return RequestStatus.FINISHED_STOPPED;
-    if (r.outputTokenIds.length >= p.maxTokens) return RequestStatus.FINISHED_LENGTH;
-    if (r.numTokens >= this.config.maxModelLen) return RequestStatus.FINISHED_LENGTH;
-    return null;
+    const eos = !p.ignoreEos && this.limits.eosTokenIds.includes(token);
+    if (eos || p.stopTokenIds.includes(token)) this.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "token", tokenId: token, eos });
+    else if (r.outputTokenIds.length >= p.maxTokens || r.numTokens >= this.limits.maxModelLen) this.finish(r, RequestStatus.FINISHED_LENGTH);
   }
 
   /** The running request with the worst effective priority; the latest arrival on ties. */
   private worstRunning(): Request {
-    const key = (r: Request): number => r.priority + this.config.agingRate * r.arrivalTime;
-    return this.running.reduce((w, r) => (key(r) > key(w) || (key(r) === key(w) && r.sequence > w.sequence) ? r : w));
+    return this.running.reduce((w, r) => (runsBefore(w, r, this.config.agingRate) ? r : w));
   }
 
   /** Frees a running request's blocks and sends it back to wait; it recomputes from scratch later. */

@@ -1,31 +1,35 @@
 /**
  * Stop strings, found across token boundaries. Text that could be the start
  * of a stop string is held back until it is known not to be one, and a
- * matched stop string is never emitted.
+ * matched stop string is emitted only when `include` is set.
  */
 export class StopStringMatcher {
   private text = "";
   private sent = 0;
   private readonly holdBack: number;
 
-  constructor(private readonly stops: readonly string[]) {
+  constructor(
+    private readonly stops: readonly string[],
+    private readonly include = false,
+  ) {
     this.holdBack = Math.max(0, ...stops.map((s) => s.length - 1));
   }
 
-  /** Adds decoded text; returns what can be emitted now and whether a stop string ended generation. */
-  push(delta: string): { text: string; stopped: boolean } {
+  /** Adds decoded text; returns what can be emitted now and the stop string that ended generation, if one did. */
+  push(delta: string): { text: string; stopped: string | null } {
     const from = Math.max(0, this.sent - this.holdBack);
     this.text += delta;
     let cut = -1;
+    let matched: string | null = null;
     for (const s of this.stops) {
       const i = this.text.indexOf(s, from);
-      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+      if (i >= 0 && (cut < 0 || i < cut)) [cut, matched] = [i, s];
     }
-    if (cut >= 0) {
-      this.text = this.text.slice(0, cut);
-      return { text: this.take(this.text.length), stopped: true };
+    if (matched !== null) {
+      this.text = this.text.slice(0, cut + (this.include ? matched.length : 0));
+      return { text: this.take(this.text.length), stopped: matched };
     }
-    return { text: this.take(this.text.length - this.holdBack), stopped: false };
+    return { text: this.take(this.text.length - this.holdBack), stopped: null };
   }
 
   /** Everything not yet emitted (generation ended for another reason). */

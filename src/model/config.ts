@@ -4,14 +4,13 @@
  */
 import fs from "node:fs";
 import path from "node:path";
+import type { RopeScaling } from "../runtime/rope.js";
 import { CheckpointError } from "./errors.js";
 
 export const ARCHITECTURES = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"] as const;
 export type Architecture = (typeof ARCHITECTURES)[number];
 
-export type RopeScaling =
-  | { type: "default" }
-  | { type: "llama3"; factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositions: number };
+export type { RopeScaling };
 
 export interface ModelConfig {
   architecture: Architecture;
@@ -135,29 +134,4 @@ export function readModelConfig(dir: string): ModelConfig {
     bosTokenId: bos,
     eosTokenIds: eos,
   };
-}
-
-/** Rope inverse frequencies in fp32, as transformers computes them, with llama3 scaling applied. */
-export function ropeInvFreq(cfg: ModelConfig): Float32Array {
-  const half = cfg.headDim / 2;
-  const out = new Float32Array(half);
-  for (let i = 0; i < half; i++) {
-    const exponent = Math.fround((2 * i) / cfg.headDim);
-    out[i] = Math.fround(1 / Math.fround(Math.pow(cfg.ropeTheta, exponent)));
-  }
-  const s = cfg.ropeScaling;
-  if (s.type === "llama3") {
-    const lowWavelen = s.originalMaxPositions / s.lowFreqFactor;
-    const highWavelen = s.originalMaxPositions / s.highFreqFactor;
-    for (let i = 0; i < half; i++) {
-      const f = out[i]!;
-      const wavelen = (2 * Math.PI) / f;
-      if (wavelen > lowWavelen) out[i] = f / s.factor;
-      else if (wavelen >= highWavelen) {
-        const smooth = (s.originalMaxPositions / wavelen - s.lowFreqFactor) / (s.highFreqFactor - s.lowFreqFactor);
-        out[i] = (1 - smooth) * (f / s.factor) + smooth * f;
-      }
-    }
-  }
-  return out;
 }

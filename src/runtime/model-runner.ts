@@ -1,14 +1,50 @@
 /**
  * Turns one scheduled batch into the addon's flat arrays, runs the step off
- * the event loop, and hands back what each sequence sampled.
+ * the event loop, and hands back what each sequence sampled. The ground floor:
+ * it takes plain data and imports nothing from engine/ or model/.
  */
-import { loadNative, type NativeModel, type NativeModelInfo, type NativeStepInput } from "./native.js";
-import { ropeInvFreq } from "../model/config.js";
-import { usesPenalties, type SamplingParams } from "../engine/sampling-params.js";
-import type { Checkpoint } from "../model/checkpoint.js";
+import { loadNative, type NativeModel, type NativeModelInfo, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
+import { ropeInvFreq, type RopeScaling } from "./rope.js";
+
+/** The sampling settings the kernel reads (an engine's request params carry more). */
+export interface RunnerSampling {
+  /** 0 = greedy. */
+  temperature: number;
+  topP: number;
+  /** 0 = off. */
+  topK: number;
+  minP: number;
+  repetitionPenalty: number;
+  presencePenalty: number;
+  frequencyPenalty: number;
+  /** An integer below 2^53: the seeded RNG stream. */
+  seed: number;
+  /** Top-N log-probs to return (0 = none). */
+  logprobs: number;
+}
+
+/** A model's shape, as the runner needs it. */
+export interface RunnerModelConfig {
+  hidden: number;
+  intermediate: number;
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  vocab: number;
+  rmsEps: number;
+  ropeTheta: number;
+  ropeScaling: RopeScaling;
+}
+
+/** What the addon loads: a shape and validated tensor locations (a model/ Checkpoint is one). */
+export interface RunnerModel {
+  config: RunnerModelConfig;
+  weights: NativeWeights;
+}
 
 export interface SampleRequest {
-  params: SamplingParams;
+  params: RunnerSampling;
   /** Index of the token being sampled within its request (the seeded RNG's position). */
   counter: number;
   promptIds: readonly number[];
@@ -25,7 +61,7 @@ export interface RunnerSequence {
   blockTable: readonly number[];
   /** Sample from the last row's logits. */
   sample: SampleRequest | null;
-  /** Tests: return logits for every row of this sequence (greedy-sampled, results ignored). */
+  /** Fidelity checks: return logits for every row of this sequence (greedy-sampled, results ignored). */
   allLogits?: boolean;
 }
 
@@ -39,8 +75,10 @@ export interface SampleResult extends TokenLogprob {
 }
 
 export interface StepResult {
-  /** Per sequence: what it sampled, or null. */
+  /** Per sequence: what it sampled, or null (not sampled this step, or failed: see errors). */
   samples: (SampleResult | null)[];
+  /** Per sequence: why its sample failed (bad sampling parameters), else null. Other sequences are unaffected. */
+  errors: (string | null)[];
   /** Per sequence, when asked: (rows × vocab) logits. */
   logits?: (Float32Array | null)[];
 }
@@ -50,38 +88,48 @@ export interface KvLayout {
   blockSize: number;
 }
 
-const GREEDY: SamplingParams = {
-  temperature: 0, topP: 1, topK: 0, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0,
-  seed: 0, logprobs: 0, maxTokens: 1, stop: [], stopTokenIds: [], ignoreEos: true,
+const GREEDY: RunnerSampling = {
+  temperature: 0, topP: 1, topK: 0, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0, seed: 0, logprobs: 0,
 };
 
-export class ModelRunner {
-  readonly native: NativeModel;
-  readonly vocab: number;
+/** Whether any penalty needs the request's token history. */
+function usesPenalties(p: RunnerSampling): boolean {
+  return p.repetitionPenalty !== 1 || p.presencePenalty !== 0 || p.frequencyPenalty !== 0;
+}
 
-  constructor(
-    readonly checkpoint: Checkpoint,
+export class ModelRunner {
+  private constructor(
+    readonly native: NativeModel,
+    readonly vocab: number,
     readonly kv: KvLayout,
-  ) {
-    const c = checkpoint.config;
-    this.vocab = c.vocab;
-    const Model = loadNative().Model;
-    this.native = new Model({
+  ) {}
+
+  /** Loads the weights and reserves the KV pool on a worker thread: the event loop keeps running. */
+  static async create(model: RunnerModel, kv: KvLayout): Promise<ModelRunner> {
+    const c = model.config;
+    const native = await loadNative().loadModel({
       hidden: c.hidden, intermediate: c.intermediate, layers: c.layers, heads: c.heads, kvHeads: c.kvHeads,
-      headDim: c.headDim, vocab: c.vocab, rmsEps: c.rmsEps, attentionScaling: 1, invFreq: ropeInvFreq(c),
-      numBlocks: kv.numBlocks, blockSize: kv.blockSize, weights: checkpoint.weights,
+      headDim: c.headDim, vocab: c.vocab, rmsEps: c.rmsEps, attentionScaling: 1,
+      invFreq: ropeInvFreq(c.headDim, c.ropeTheta, c.ropeScaling),
+      numBlocks: kv.numBlocks, blockSize: kv.blockSize, weights: model.weights,
     });
+    return new ModelRunner(native, c.vocab, kv);
   }
 
+  /** Throws "model disposed" after dispose(). */
   info(): NativeModelInfo {
     return this.native.info();
   }
 
-  async execute(seqs: readonly RunnerSequence[], injectFailure = false): Promise<StepResult> {
+  async execute(seqs: readonly RunnerSequence[]): Promise<StepResult> {
     const input = this.buildInput(seqs);
-    input.injectFailure = injectFailure;
     const out = await this.native.step(input);
     return this.unpack(seqs, out, input);
+  }
+
+  /** Frees the weights and KV pool now (after a step in flight); later calls to execute() reject with "model disposed". */
+  dispose(): Promise<void> {
+    return this.native.dispose();
   }
 
   private buildInput(seqs: readonly RunnerSequence[]): NativeStepInput & { rowsPerSeq: number[] } {
@@ -91,7 +139,7 @@ export class ModelRunner {
     const tokens = new Int32Array(T), positions = new Int32Array(T), slotMapping = new Int32Array(T);
     const seqStarts = new Int32Array(seqs.length + 1), contextLens = new Int32Array(seqs.length);
     const blockTables = new Int32Array(seqs.length * maxBlocks).fill(-1);
-    const sampleRows: number[] = [], params: SamplingParams[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
+    const sampleRows: number[] = [], params: RunnerSampling[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
     const prompt: number[][] = [], output: number[][] = [];
     let row = 0;
     seqs.forEach((s, b) => {
@@ -146,8 +194,9 @@ export class ModelRunner {
     };
   }
 
-  private unpack(seqs: readonly RunnerSequence[], out: Awaited<ReturnType<NativeModel["step"]>>, input: { rowsPerSeq: number[] }): StepResult {
+  private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {
     const samples: (SampleResult | null)[] = [];
+    const errors: (string | null)[] = [];
     const logits: (Float32Array | null)[] = [];
     let r = 0;
     seqs.forEach((s, b) => {
@@ -155,7 +204,9 @@ export class ModelRunner {
       if (out.logits && s.allLogits) logits.push(out.logits.slice(r * this.vocab, (r + rows) * this.vocab));
       else logits.push(null);
       const last = r + rows - 1;
-      if (s.sample) {
+      const error = s.sample ? out.rowErrors[last] ?? null : null;
+      errors.push(error);
+      if (s.sample && error === null) {
         const top: TokenLogprob[] = [];
         for (let i = 0; i < s.sample.params.logprobs; i++) {
           top.push({ tokenId: out.topIds[last * out.topN + i]!, logprob: out.topLogprobs[last * out.topN + i]! });
@@ -166,6 +217,6 @@ export class ModelRunner {
       }
       r += rows;
     });
-    return out.logits ? { samples, logits } : { samples };
+    return out.logits ? { samples, errors, logits } : { samples, errors };
   }
 }

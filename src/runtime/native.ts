@@ -89,14 +89,18 @@ export interface NativeStepInput {
   promptTokens: Int32Array;
   outputOffsets: Int32Array; // (S+1) into outputTokens (all penalties)
   outputTokens: Int32Array;
-  /** Return the (S × vocab) logits too: for tests and fidelity checks. */
+  /** Return the (S × vocab) logits too: the forward pass's raw output, for fidelity checks. */
   returnLogits?: boolean;
-  /** Test hook: the step fails midway, after writing K/V. */
-  injectFailure?: boolean;
 }
 
 export interface NativeStepOutput {
-  tokens: Int32Array; // (S)
+  tokens: Int32Array; // (S), -1 where the row failed
+  /**
+   * (S) why a row could not be sampled (a parameter out of range once in
+   * float32, logits made non-finite by its penalties), else null. Such a row
+   * fails alone: the other rows are sampled as if it were not in the batch.
+   */
+  rowErrors: (string | null)[];
   logprobs: Float32Array; // (S) under the raw logits
   topN: number;
   topIds: Int32Array; // (S * topN), -1 where a row asked fewer
@@ -121,16 +125,33 @@ export interface NativeProfile {
   tokens: number;
 }
 
+/** After dispose(), step() rejects and info() / takeProfile() throw, with "model disposed". */
 export interface NativeModel {
-  /** Runs off the event loop; rejects on bad input, native failure, or a step already in flight. */
+  /**
+   * Runs off the event loop; rejects on bad input (a malformed batch), native
+   * failure, a step already in flight or a disposed model. Bad sampling
+   * parameters fail only their row (NativeStepOutput.rowErrors).
+   */
   step(input: NativeStepInput): Promise<NativeStepOutput>;
   info(): NativeModelInfo;
   /** Blocks while a step is in flight; resets the counters. */
   takeProfile(): NativeProfile;
+  /**
+   * Unmaps the packed weights, the checkpoint files and the KV pools, off the
+   * event loop. A step in flight finishes (its promise resolves as usual)
+   * before the memory goes; the returned promise resolves once it has gone.
+   * Later calls resolve when the first one does.
+   */
+  dispose(): Promise<void>;
 }
 
 export interface NativeAddon {
-  Model: new (spec: NativeModelSpec) => NativeModel;
+  /**
+   * Maps the checkpoint files, then reads and repacks every matrix and
+   * reserves the KV pools on a worker thread. Rejects on a bad spec or an
+   * unreadable file.
+   */
+  loadModel(spec: NativeModelSpec): Promise<NativeModel>;
   /** The kernel set in use (WEFT_ISA=avx2|scalar forces one). */
   isa(): NativeModelInfo["isa"];
 }

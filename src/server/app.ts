@@ -1,25 +1,29 @@
 /**
- * The HTTP server: OpenAI's routes over the engines, with auth, one error
- * catalogue, metrics, and a graceful shutdown.
+ * The HTTP server: OpenAI's routes over the engines. Protection is decided
+ * where routing is decided: each route declares its `access` in its route
+ * config, and the auth hook reads the matched route's config, never the URL
+ * text. A request that matches no route is treated as needing a key.
  */
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import { randomBytes } from "node:crypto";
 import type { EngineManager } from "../engine/engine-manager.js";
 import { Priority } from "../engine/request.js";
-import type { KeyStore } from "../store/database.js";
-import { ApiError } from "./errors.js";
+import { ApiError, apiError, toApiError } from "./errors.js";
 import type { Authenticator, Caller } from "./auth.js";
-import { Metrics } from "./metrics.js";
+import type { Metrics } from "./metrics.js";
 import { parseChatRequest, parseCompletionRequest } from "./request-schema.js";
-import { priorityName, runGeneration, type RequestSummary } from "./generation.js";
+import { runGeneration } from "./generation.js";
+import { priorityName } from "./engine-requests.js";
 import type { RateLimiter } from "./rate-limiter.js";
 import type { SseLimits } from "./sse.js";
+import type { UsageSink } from "./generation.js";
 
 export interface ServerOptions {
   manager: EngineManager;
   auth: Authenticator;
-  store: KeyStore | null;
+  /** Where finished requests' usage goes (never blocks the request). */
+  usage: UsageSink | null;
   logger: Logger;
   metrics: Metrics;
   /** Largest accepted request body, bytes. */
@@ -36,9 +40,17 @@ export interface Server {
   shutdown(timeoutMs: number): Promise<void>;
 }
 
+/** Who may reach a route: anyone, API-key holders, or (metrics) key holders when --protect-metrics is on. */
+export type Access = "public" | "key" | "metrics";
+
 declare module "fastify" {
   interface FastifyRequest {
     caller?: Caller;
+  }
+  interface FastifyContextConfig {
+    access?: Access;
+    /** Answered while the server drains (health checks). */
+    duringShutdown?: boolean;
   }
 }
 
@@ -52,54 +64,46 @@ export function buildServer(o: ServerOptions): Server {
     bodyLimit: o.bodyLimit,
     genReqId: () => `req-${randomBytes(8).toString("hex")}`,
     return503OnClosing: false,
+    // Malformed URLs (bad percent-encoding) answer in OpenAI's shape too.
+    frameworkErrors: (err, req, reply) => sendError(reply, toApiError(err, errorContext(req, o.logger))),
   });
   let shuttingDown = false;
   app.removeContentTypeParser("text/plain"); // JSON only: anything else is a 415
 
-  app.addHook("onRequest", async (req) => {
-    if (shuttingDown && req.url !== "/health") throw new ApiError("shutting_down", "The server is shutting down.", null, 5);
-    const needsKey = req.url.startsWith("/v1/") || (o.protectMetrics && req.url === "/metrics");
-    if (needsKey) req.caller = o.auth.authenticate(req.headers.authorization);
+  app.addHook("onRequest", async (req, reply) => {
+    const config = req.routeOptions.config;
+    if (shuttingDown && !config.duringShutdown) throw apiError("shutting_down", {});
+    if (needsKey(config.access ?? "key", o.protectMetrics)) req.caller = o.auth.authenticate(req.headers.authorization);
+    void reply.header("x-request-id", req.id);
   });
 
-  app.setErrorHandler((err: FastifyError | ApiError, req, reply) => sendError(reply, toApiError(err, req, o.logger)));
-  app.setNotFoundHandler((req, reply) => sendError(reply, new ApiError("not_found", `No route for ${req.method} ${req.url.split("?")[0]}.`)));
+  app.setErrorHandler((err, req, reply) => sendError(reply, toApiError(err, errorContext(req, o.logger))));
+  app.setNotFoundHandler((req, reply) => sendError(reply, apiError("not_found", { method: req.method, path: req.url.split(/[?#]/)[0] ?? "" })));
 
   const generate = (kind: "chat" | "completion", batch: boolean) => async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    const caller = callerOf(req);
+    const admission = o.rateLimiter.admitRequest(caller.tenant);
     const body = req.body;
-    if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ApiError("invalid_request", "The request body must be a JSON object.");
+    if (typeof body !== "object" || body === null || Array.isArray(body)) throw apiError("invalid_request", { param: "body", detail: "must be a JSON object" });
     const parsed = kind === "chat" ? parseChatRequest(body as Json) : parseCompletionRequest(body as Json);
-    if (!o.manager.has(parsed.model)) throw new ApiError("model_not_found", `The model '${parsed.model}' does not exist.`, "model");
-    const model = loadModel(o.manager, parsed.model);
-    const caller = req.caller!;
-    o.rateLimiter.admit(caller.tenant);
     const priority = batch ? Priority.LOW : caller.priority;
-    const started = performance.now();
-    const onDone = (s: RequestSummary): void => {
-      o.rateLimiter.charge(caller.tenant, s.promptTokens + s.completionTokens);
-      if (caller.keyName && o.store) o.store.recordUsage(caller.keyName, s.promptTokens, s.completionTokens);
-      o.logger.info({
-        id: req.id, tenant: caller.tenant, model: parsed.model, priority: priorityName(priority), prompt_tokens: s.promptTokens,
-        completion_tokens: s.completionTokens, ttft_ms: s.ttftMs === null ? null : Math.round(s.ttftMs),
-        duration_ms: Math.round(performance.now() - started), finish_reason: s.finishReasons.join(","),
-      }, "request");
-    };
-    const onStall = (): void => o.logger.warn({ id: req.id, tenant: caller.tenant }, "stream reader stalled: request aborted");
-    await runGeneration(parsed, { model, caller, priority, requestId: req.id, onDone, sseLimits: o.sseLimits, onStall }, reply);
+    const model = await o.manager.acquire(parsed.model, req.id);
+    await runGeneration(parsed, {
+      model, caller, priority, requestId: req.id, admission, log: o.logger, usage: o.usage, sseLimits: o.sseLimits,
+      logPriority: priorityName(priority),
+    }, reply);
   };
 
-  app.post("/v1/chat/completions", generate("chat", false));
-  app.post("/v1/completions", generate("completion", false));
-  app.post("/v1/batch/chat/completions", generate("chat", true));
-  app.post("/v1/batch/completions", generate("completion", true));
-  app.get("/v1/models", async () => ({ object: "list", data: [...o.manager.models.keys()].map((id) => modelCard(o.manager, id)) }));
-  app.get<{ Params: { id: string } }>("/v1/models/*", async (req) => {
-    const id = (req.params as Record<string, string>)["*"]!;
-    if (!o.manager.has(id)) throw new ApiError("model_not_found", `The model '${id}' does not exist.`, "model");
-    return modelCard(o.manager, id);
-  });
-  app.get("/health", async (_req, reply) => (shuttingDown ? reply.code(503).send({ status: "shutting_down" }) : { status: "ok" }));
-  app.get("/metrics", async (_req, reply) => reply.type(o.metrics.registry.contentType).send(await o.metrics.render()));
+  const key = { config: { access: "key" as const } };
+  app.post("/v1/chat/completions", key, generate("chat", false));
+  app.post("/v1/completions", key, generate("completion", false));
+  app.post("/v1/batch/chat/completions", key, generate("chat", true));
+  app.post("/v1/batch/completions", key, generate("completion", true));
+  app.get("/v1/models", key, async () => ({ object: "list", data: [...o.manager.models.keys()].map((id) => o.manager.card(id)) }));
+  app.get("/v1/models/*", key, async (req) => o.manager.card((req.params as Record<string, string>)["*"] ?? ""));
+  app.get("/health", { config: { access: "public", duringShutdown: true } }, async (_req, reply) =>
+    (shuttingDown ? reply.code(503).send({ status: "shutting_down" }) : { status: "ok" }));
+  app.get("/metrics", { config: { access: "metrics" } }, async (_req, reply) => reply.type(o.metrics.registry.contentType).send(await o.metrics.render()));
 
   return {
     app,
@@ -112,36 +116,18 @@ export function buildServer(o: ServerOptions): Server {
   };
 }
 
-function loadModel(manager: EngineManager, id: string): ReturnType<EngineManager["get"]> {
-  try {
-    return manager.get(id);
-  } catch (e) {
-    throw new ApiError("model_load_failed", `Model '${id}' could not be loaded: ${e instanceof Error ? e.message : String(e)}`, "model");
-  }
+function needsKey(access: Access, protectMetrics: boolean): boolean {
+  return access === "key" || (access === "metrics" && protectMetrics);
 }
 
-function modelCard(manager: EngineManager, id: string): Json {
-  const loaded = manager.engines.find((m) => m.id === id);
-  return {
-    id, object: "model", created: 0, owned_by: "weft",
-    ...(loaded ? { max_model_len: loaded.engine.options.maxModelLen } : {}),
-  };
+/** The authenticated caller; every generation route is `access: "key"`, so the hook has set it. */
+function callerOf(req: FastifyRequest): Caller {
+  if (!req.caller) throw new Error(`route ${req.routeOptions.url ?? "?"} reached without an authenticated caller`);
+  return req.caller;
 }
 
-function toApiError(err: FastifyError | ApiError, req: FastifyRequest, log: Logger): ApiError {
-  if (err instanceof ApiError) return err;
-  switch (err.code) {
-    case "FST_ERR_CTP_BODY_TOO_LARGE": return new ApiError("body_too_large", "The request body is too large.");
-    case "FST_ERR_CTP_INVALID_MEDIA_TYPE": return new ApiError("unsupported_media_type", "Send the body as application/json.");
-    case "FST_ERR_CTP_EMPTY_JSON_BODY": return new ApiError("invalid_json", "The request body is empty.");
-    case "FST_ERR_CTP_INVALID_CONTENT_LENGTH": return new ApiError("invalid_json", "The Content-Length header does not match the body.");
-  }
-  if (err.statusCode === 400 || err instanceof SyntaxError) return new ApiError("invalid_json", `The request body is not valid JSON: ${err.message}`);
-  if (err.statusCode === 404) return new ApiError("not_found", err.message);
-  if (err.statusCode === 405) return new ApiError("method_not_allowed", err.message);
-  // Anything else is our fault: log it, tell the client only the request id.
-  log.error({ id: req.id, err: { message: err.message, stack: err.stack } }, "internal error");
-  return new ApiError("internal_error", `Internal server error (request ${req.id}).`);
+export function errorContext(req: FastifyRequest, log: Logger): { requestId: string; logFault: (f: Record<string, unknown>, m: string) => void } {
+  return { requestId: req.id, logFault: (fields, msg) => log.error(fields, msg) };
 }
 
 function sendError(reply: FastifyReply, e: ApiError): FastifyReply {

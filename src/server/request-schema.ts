@@ -1,8 +1,11 @@
 /**
  * OpenAI request bodies → typed, validated requests. Unknown fields are
  * ignored; a present field with a bad value is a 400 naming the field.
+ * Sampling parameters are checked in the units the sampler uses (float32):
+ * a value that rounds to something outside the sampler's domain is refused
+ * here, so no row can fail a batch step.
  */
-import { ApiError, invalid } from "./errors.js";
+import { apiError, invalid } from "./errors.js";
 import type { ChatMessage } from "../model/tokenizer.js";
 
 type Json = Record<string, unknown>;
@@ -27,6 +30,8 @@ export interface CommonFields {
   includeUsage: boolean;
   user: string | null;
   ignoreEos: boolean;
+  /** vLLM's include_stop_str_in_output: the matched stop string or stop token's text stays in the output. */
+  includeStopStrInOutput: boolean;
   returnTokenIds: boolean;
 }
 
@@ -57,6 +62,28 @@ function num(body: Json, key: string, def: number, min: number, max: number, int
   if (integer && !Number.isInteger(v)) throw invalid(key, "must be an integer");
   if (v < min || v > max) throw invalid(key, `must be between ${min} and ${max}`);
   return v;
+}
+
+/**
+ * A float the sampler receives as float32: `min`/`max` bound the float32 value,
+ * and `positive` refuses values that round to 0.
+ */
+function float32(body: Json, key: string, def: number, min: number, max: number, positive = false): number {
+  const v = num(body, key, def, min, max);
+  const f = Math.fround(v);
+  if (positive && !(f > 0)) throw invalid(key, `must be greater than 0 (got ${v}, which is 0 in float32)`);
+  return f;
+}
+
+/** Temperatures below this divide logits into overflow; vLLM clamps them, we refuse them. */
+const MIN_TEMPERATURE = 0.01;
+/** Penalties below this divide logits into overflow in float32. */
+const MIN_REPETITION_PENALTY = 0.01;
+
+function temperature(body: Json): number {
+  const t = num(body, "temperature", 1, 0, 2);
+  if (t > 0 && t < MIN_TEMPERATURE) throw invalid("temperature", `must be 0 (greedy) or at least ${MIN_TEMPERATURE}`);
+  return Math.fround(t);
 }
 
 function bool(body: Json, key: string, def = false): boolean {
@@ -95,22 +122,23 @@ function common(body: Json, logprobs: number | null): CommonFields {
   return {
     model: body.model,
     maxTokens: present(body, maxKey) ? num(body, maxKey, 16, 1, 1_000_000, true) : null,
-    temperature: num(body, "temperature", 1, 0, 2),
-    topP: num(body, "top_p", 1, Number.MIN_VALUE, 1),
+    temperature: temperature(body),
+    topP: float32(body, "top_p", 1, 0, 1, true),
     topK: topK < 0 ? 0 : topK,
-    minP: num(body, "min_p", 0, 0, 1),
+    minP: float32(body, "min_p", 0, 0, 1),
     seed: present(body, "seed") ? num(body, "seed", 0, -(2 ** 53), 2 ** 53, true) : null,
     stop: stops(body),
     stopTokenIds: present(body, "stop_token_ids") ? tokenIds(body.stop_token_ids, "stop_token_ids") : [],
     n: num(body, "n", 1, 1, MAX_N, true),
-    presencePenalty: num(body, "presence_penalty", 0, -2, 2),
-    frequencyPenalty: num(body, "frequency_penalty", 0, -2, 2),
-    repetitionPenalty: num(body, "repetition_penalty", 1, Number.MIN_VALUE, 10),
+    presencePenalty: float32(body, "presence_penalty", 0, -2, 2),
+    frequencyPenalty: float32(body, "frequency_penalty", 0, -2, 2),
+    repetitionPenalty: float32(body, "repetition_penalty", 1, MIN_REPETITION_PENALTY, 10),
     logprobs,
     stream: bool(body, "stream"),
     includeUsage,
     user: present(body, "user") ? (body.user as string) : null,
     ignoreEos: bool(body, "ignore_eos"),
+    includeStopStrInOutput: bool(body, "include_stop_str_in_output"),
     returnTokenIds: bool(body, "return_token_ids"),
   };
 }
@@ -123,7 +151,7 @@ function messageContent(v: unknown, i: number): string {
     const p = part as Json;
     if (typeof p !== "object" || p === null || typeof p.type !== "string") throw invalid(`messages[${i}].content[${j}]`, "must be a content part object");
     if (p.type !== "text") {
-      throw new ApiError("unsupported_content", `messages[${i}].content[${j}]: content parts of type "${p.type}" are not supported (text only)`, `messages[${i}].content[${j}].type`);
+      throw apiError("unsupported_content", { param: `messages[${i}].content[${j}].type`, detail: `content parts of type "${p.type}" are not supported (text only)` });
     }
     if (typeof p.text !== "string") throw invalid(`messages[${i}].content[${j}].text`, "must be a string");
     return p.text;

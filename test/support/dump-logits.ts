@@ -5,7 +5,7 @@ import { FIXTURES, readReference } from "../helpers.js";
 import { loadCheckpoint } from "../../src/model/checkpoint.js";
 import { ModelRunner } from "../../src/runtime/model-runner.js";
 
-const runner = new ModelRunner(loadCheckpoint(path.join(FIXTURES, "tiny-qwen3")), { numBlocks: 8, blockSize: 32 });
+const runner = await ModelRunner.create(loadCheckpoint(path.join(FIXTURES, "tiny-qwen3")), { numBlocks: 8, blockSize: 32 });
 const ids = readReference("tiny-qwen3")[1]!.input_ids;
 const out = await runner.execute([{ tokenIds: ids, startPosition: 0, blockTable: [3, 1], sample: null, allLogits: true }]);
 fs.writeFileSync(process.argv[2]!, out.logits![0]!);

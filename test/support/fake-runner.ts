@@ -14,6 +14,6 @@ export class FakeRunner implements Runner {
     // The next token depends only on the sequence's position and last token: any schedule yields the same output.
     const samples = seqs.map((s) =>
       s.sample ? { tokenId: (s.tokenIds.at(-1)! * 31 + s.startPosition + s.tokenIds.length) % this.vocab, logprob: -1, top: [] } : null);
-    return new Promise((resolve) => setImmediate(() => resolve({ samples })));
+    return new Promise((resolve) => setImmediate(() => resolve({ samples, errors: seqs.map(() => null) })));
   }
 }

@@ -2,7 +2,9 @@
 import path from "node:path";
 import { Writable } from "node:stream";
 import { pino } from "pino";
-import { EngineManager, DEFAULT_ENGINE_CONFIG, type EngineConfig } from "../../src/engine/engine-manager.js";
+import { EngineManager, DEFAULT_ENGINE_CONFIG, type EngineConfig, type ManagerHooks } from "../../src/engine/engine-manager.js";
+import { managerHooks } from "../../src/commands/serve.js";
+import { UsageRecorder } from "../../src/store/usage-recorder.js";
 import { Authenticator } from "../../src/server/auth.js";
 import { buildServer, type Server } from "../../src/server/app.js";
 import { Metrics } from "../../src/server/metrics.js";
@@ -30,6 +32,11 @@ export interface TestServerOptions {
   sseLimits?: SseLimits;
   /** Model directory (default: the tiny-qwen3 fixture). */
   modelDir?: string;
+  /** More models by id (besides "tiny"). */
+  models?: Record<string, string>;
+  maxLoadedModels?: number;
+  /** Wraps each model's runner (fault injection). */
+  wrapRunner?: ManagerHooks["wrapRunner"];
 }
 
 let modelDir: string | null = null;
@@ -44,13 +51,14 @@ export async function startServer(o: TestServerOptions = {}): Promise<TestServer
   const logger = pino({ base: undefined }, sink);
   const dbFile = path.join(tempDir(), "weft.db");
   const store = new KeyStore(dbFile);
-  const models = new Map([["tiny", o.modelDir ?? fixtureModelDir()]]);
+  const models = new Map([["tiny", o.modelDir ?? fixtureModelDir()], ...Object.entries(o.models ?? {})]);
   const config: EngineConfig = { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 64 * 2 ** 20, blockSize: 16, maxModelLen: 1024, ...o.engine };
   const metrics = new Metrics(() => manager);
-  const manager: EngineManager = new EngineManager(models, config, 2, (id) => metrics.observer(id));
+  const manager: EngineManager = new EngineManager(models, config, o.maxLoadedModels ?? 2, { ...managerHooks(metrics, logger), wrapRunner: o.wrapRunner });
   const auth = new Authenticator(store, o.apiKey ?? null);
+  const usage = new UsageRecorder(store, { flushMs: 50, log: logger });
   const server = buildServer({
-    manager, auth, store, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false,
+    manager, auth, usage, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false,
     rateLimiter: new RateLimiter(o.rateLimits ?? { requestsPerMinute: 0, tokensPerMinute: 0 }), sseLimits: o.sseLimits ?? DEFAULT_SSE_LIMITS,
   });
   await server.app.listen({ host: "127.0.0.1", port: 0 });
@@ -59,6 +67,7 @@ export async function startServer(o: TestServerOptions = {}): Promise<TestServer
     url: `http://127.0.0.1:${port}`, server, manager, store, dbFile, logs,
     async close() {
       await server.shutdown(0);
+      usage.close();
       store.close();
     },
   };

@@ -1,0 +1,87 @@
+/**
+ * The one configuration object of an engine, from CLI flag to scheduler.
+ * A knob is added here (field, default, flag) and read where it is used;
+ * `weft serve` builds its flags from ENGINE_FLAGS, and the manager, engine
+ * and scheduler all take this same object.
+ */
+export interface EngineConfig {
+  /** Tokens per KV block. */
+  blockSize: number;
+  /** Bytes of KV cache per model; sets the number of blocks. */
+  kvCacheMemory: number;
+  /**
+   * Sequences per step. 32: on a CPU a decode step is compute-bound well before
+   * this, and more only lengthens every step.
+   */
+  maxNumSeqs: number;
+  /**
+   * Tokens per step. 256: a prefill chunk this size takes a few hundred ms on a
+   * small model, which bounds how long running streams stall behind a long prompt.
+   */
+  maxNumBatchedTokens: number;
+  enablePrefixCaching: boolean;
+  /** Priority gained per second of waiting. */
+  agingRate: number;
+  /** Waiting sequences beyond this are refused (queue_full). */
+  maxWaitingRequests: number;
+  /** Waiting sequences one tenant may hold (0: no cap beyond the tier's share). */
+  maxWaitingPerTenant: number;
+  /** Caps the model's context length (0: the model's own). */
+  maxModelLen: number;
+}
+
+export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
+  blockSize: 32,
+  kvCacheMemory: 2 * 1024 ** 3,
+  maxNumSeqs: 32,
+  maxNumBatchedTokens: 256,
+  enablePrefixCaching: true,
+  agingRate: 0.1,
+  maxWaitingRequests: 1024,
+  maxWaitingPerTenant: 256,
+  maxModelLen: 0,
+};
+
+/** What an engine learns from its model and KV plan, as opposed to what it is configured with. */
+export interface ModelLimits {
+  /** The context length served (the model's, capped by config and by what the KV pool holds). */
+  maxModelLen: number;
+  numBlocks: number;
+  vocabSize: number;
+  eosTokenIds: readonly number[];
+}
+
+export interface EngineFlag {
+  key: keyof EngineConfig;
+  /** Commander flag syntax. */
+  flag: string;
+  description: string;
+  kind: "int" | "number" | "negatable";
+  /** Smallest accepted value (int flags). */
+  min?: number;
+}
+
+export const ENGINE_FLAGS: readonly EngineFlag[] = [
+  { key: "blockSize", flag: "--block-size <n>", description: "tokens per KV block", kind: "int", min: 1 },
+  { key: "kvCacheMemory", flag: "--kv-cache-memory <bytes>", description: "KV cache bytes per model", kind: "int", min: 1 },
+  { key: "maxNumSeqs", flag: "--max-num-seqs <n>", description: "sequences per step", kind: "int", min: 1 },
+  { key: "maxNumBatchedTokens", flag: "--max-num-batched-tokens <n>", description: "tokens per step", kind: "int", min: 1 },
+  { key: "enablePrefixCaching", flag: "--no-enable-prefix-caching", description: "turn prefix caching off", kind: "negatable" },
+  { key: "agingRate", flag: "--priority-aging-rate <r>", description: "priority gained per second of waiting", kind: "number" },
+  { key: "maxWaitingRequests", flag: "--max-waiting-requests <n>", description: "waiting sequences beyond which requests get 429", kind: "int", min: 1 },
+  { key: "maxWaitingPerTenant", flag: "--max-waiting-per-tenant <n>", description: "waiting sequences one API key may hold (0: no cap)", kind: "int", min: 0 },
+  { key: "maxModelLen", flag: "--max-model-len <n>", description: "cap the context length (0: the model's)", kind: "int", min: 0 },
+];
+
+/** The commander option name (camelCase) a flag's value lands under. */
+export function optionName(f: EngineFlag): string {
+  const long = f.flag.split(" ")[0]!.replace(/^--(no-)?/, "");
+  return long.replace(/-([a-z])/g, (_, c: string) => c.toUpperCase());
+}
+
+/** The engine config from parsed CLI options (commander's names), defaults for the rest. */
+export function engineConfigFromOptions(opts: Record<string, unknown>): EngineConfig {
+  const config: Record<string, unknown> = { ...DEFAULT_ENGINE_CONFIG };
+  for (const f of ENGINE_FLAGS) if (opts[optionName(f)] !== undefined) config[f.key] = opts[optionName(f)];
+  return config as unknown as EngineConfig;
+}

@@ -1,0 +1,71 @@
+/**
+ * A validated OpenAI request → engine requests: prompts as token ids, one
+ * engine request per prompt × n with its sampling parameters. The default
+ * max_tokens lives here and nowhere else.
+ */
+import type { LoadedModel } from "../engine/engine-manager.js";
+import type { OutputStream } from "../engine/output-stream.js";
+import type { Priority } from "../engine/request.js";
+import { defaultSamplingParams, type SamplingParams } from "../engine/sampling-params.js";
+import { apiError } from "./errors.js";
+import type { ChatRequest, CompletionRequest } from "./request-schema.js";
+
+export type GenerationRequest = ChatRequest | CompletionRequest;
+
+export interface Choice {
+  index: number;
+  promptIndex: number;
+  stream: OutputStream;
+}
+
+const PRIORITY_NAMES = ["high", "normal", "low"];
+export const priorityName = (p: Priority): string => PRIORITY_NAMES[p] ?? "normal";
+
+/** OpenAI's defaults: chat may use the rest of the context, legacy completions stop at 16. */
+export function maxTokens(r: GenerationRequest, promptLen: number, maxModelLen: number): number {
+  return r.maxTokens ?? (r.kind === "chat" ? Math.max(1, maxModelLen - promptLen) : 16);
+}
+
+/** Tokens the request may consume at most: its prompts plus max_tokens for every choice. */
+export function tokenBudget(r: GenerationRequest, prompts: readonly number[][], maxModelLen: number): number {
+  return prompts.reduce((n, p) => n + p.length + r.n * maxTokens(r, p.length, maxModelLen), 0);
+}
+
+function samplingParams(r: GenerationRequest, promptLen: number, maxModelLen: number, choice: number): SamplingParams {
+  return defaultSamplingParams({
+    temperature: r.temperature, topP: r.topP, topK: r.topK, minP: r.minP,
+    repetitionPenalty: r.repetitionPenalty, presencePenalty: r.presencePenalty, frequencyPenalty: r.frequencyPenalty,
+    logprobs: r.logprobs ?? 0, maxTokens: maxTokens(r, promptLen, maxModelLen), stop: r.stop, stopTokenIds: r.stopTokenIds,
+    ignoreEos: r.ignoreEos, includeStopStrInOutput: r.includeStopStrInOutput,
+    ...(r.seed !== null ? { seed: (r.seed + choice) >>> 0 } : {}),
+  });
+}
+
+/** The prompts as token ids: the chat template applied, text tokenized (large inputs off the event loop). */
+export async function encodePrompts(r: GenerationRequest, model: LoadedModel): Promise<number[][]> {
+  const tok = model.tokenizer;
+  if (r.kind === "chat") {
+    if (!tok) throw apiError("invalid_request", { param: "model", detail: `model ${model.id} has no tokenizer` });
+    if (!tok.hasChatTemplate) throw apiError("invalid_request", { param: "messages", detail: `model ${model.id} has no chat template: use /v1/completions` });
+    return [await model.encoder.encodeChat(r.messages)];
+  }
+  return Promise.all(r.prompts.map(async (p) => {
+    if (typeof p !== "string") return p;
+    if (!tok) throw apiError("invalid_request", { param: "prompt", detail: `model ${model.id} has no tokenizer: send token ids` });
+    return model.encoder.encode(p);
+  }));
+}
+
+/** Adds every (prompt, choice) to the engine, all or none. */
+export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: number[][], ids: { requestId: string; tenant: string; priority: Priority }): Choice[] {
+  const maxModelLen = model.engine.config.maxModelLen;
+  const inputs = prompts.flatMap((promptTokenIds, p) => Array.from({ length: r.n }, (_, i) => {
+    const index = p * r.n + i;
+    return {
+      index, promptIndex: p,
+      input: { id: `${ids.requestId}-${index}`, promptTokenIds, params: samplingParams(r, promptTokenIds.length, maxModelLen, index), priority: ids.priority, tenant: ids.tenant },
+    };
+  }));
+  const streams = model.engine.addGroup(inputs.map((x) => x.input));
+  return inputs.map((x, i) => ({ index: x.index, promptIndex: x.promptIndex, stream: streams[i]! }));
+}

@@ -1,0 +1,153 @@
+/**
+ * Engine outputs → OpenAI response objects: whole bodies, stream chunks,
+ * log-probs and usage. Usage sums are defined here once.
+ */
+import { randomBytes } from "node:crypto";
+import type { LoadedModel } from "../engine/engine-manager.js";
+import type { RequestOutput } from "../engine/output-stream.js";
+import type { GeneratedLogprob } from "../engine/request.js";
+import { apiError, type ApiError } from "./errors.js";
+import type { Choice, GenerationRequest } from "./engine-requests.js";
+
+type Json = Record<string, unknown>;
+
+export function newId(prefix: string): string {
+  return `${prefix}-${randomBytes(12).toString("hex")}`;
+}
+
+export interface UsageTotals {
+  promptTokens: number;
+  completionTokens: number;
+  cachedTokens: number;
+}
+
+/** Prompt tokens once per prompt; completion and cached tokens summed over every choice's output. */
+export function usageTotals(prompts: readonly number[][], outs: readonly RequestOutput[], n: number): UsageTotals {
+  const completionTokens = outs.reduce((s, o) => s + (o.usage?.completionTokens ?? 0), 0);
+  // Each prompt is counted once however many choices share it; its cached tokens likewise (the first choice's).
+  const cachedTokens = outs.reduce((s, o, i) => s + (i % n === 0 ? o.usage?.cachedTokens ?? 0 : 0), 0);
+  return { promptTokens: prompts.reduce((s, p) => s + p.length, 0), completionTokens, cachedTokens };
+}
+
+export function usageBody(u: UsageTotals): Json {
+  return {
+    prompt_tokens: u.promptTokens, completion_tokens: u.completionTokens, total_tokens: u.promptTokens + u.completionTokens,
+    prompt_tokens_details: { cached_tokens: u.cachedTokens },
+  };
+}
+
+/** The one mapping from a failed choice to the error the client sees, streamed or not. */
+export function failureError(failed: RequestOutput, requestId: string): ApiError {
+  return failed.errorKind === "shutdown" ? apiError("shutting_down", {}) : apiError("generation_failed", { requestId });
+}
+
+function tokenText(model: LoadedModel, id: number): string {
+  return model.tokenizer ? model.tokenizer.decode([id], false) : String(id);
+}
+
+export function chatLogprobs(model: LoadedModel, lps: GeneratedLogprob[], top: number): Json {
+  const entry = (id: number, logprob: number): { token: string; logprob: number; bytes: number[] } => {
+    const token = tokenText(model, id);
+    return { token, logprob, bytes: [...Buffer.from(token, "utf8")] };
+  };
+  return { content: lps.map((lp) => ({ ...entry(lp.tokenId, lp.logprob), top_logprobs: lp.top.slice(0, top).map((t) => entry(t.tokenId, t.logprob)) })) };
+}
+
+export function completionLogprobs(model: LoadedModel, lps: GeneratedLogprob[], top: number, offset: number): Json {
+  const tokens = lps.map((lp) => tokenText(model, lp.tokenId));
+  const offsets: number[] = [];
+  let at = offset;
+  for (const t of tokens) {
+    offsets.push(at);
+    at += t.length;
+  }
+  return {
+    tokens,
+    token_logprobs: lps.map((lp) => lp.logprob),
+    top_logprobs: lps.map((lp) => Object.fromEntries(lp.top.slice(0, top).map((t) => [tokenText(model, t.tokenId), t.logprob]))),
+    text_offset: offsets,
+  };
+}
+
+/** An echoed prompt's text: as sent, or decoded from its token ids. */
+export function promptText(model: LoadedModel, r: GenerationRequest, ids: number[], i: number): string {
+  const original = r.kind === "completion" ? r.prompts[i] : undefined;
+  return typeof original === "string" ? original : model.tokenizer?.decode(ids, false) ?? "";
+}
+
+/** Fields every response object and chunk shares. */
+export interface ResponseHeader {
+  id: string;
+  created: number;
+  model: string;
+}
+
+export function responseHeader(r: GenerationRequest, model: string): ResponseHeader {
+  return { id: newId(r.kind === "chat" ? "chatcmpl" : "cmpl"), created: Math.floor(Date.now() / 1000), model };
+}
+
+/** A non-streamed response body. */
+export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: LoadedModel, prompts: number[][], choices: Choice[], outs: RequestOutput[]): Json {
+  const body: Json = { id: h.id, object: r.kind === "chat" ? "chat.completion" : "text_completion", created: h.created, model: h.model };
+  body.choices = choices.map((c, i) => {
+    const o = outs[i]!;
+    const choice: Json = { index: c.index };
+    if (r.kind === "chat") {
+      choice.message = { role: "assistant", content: o.text };
+      choice.logprobs = r.logprobs !== null ? chatLogprobs(model, o.logprobs, r.logprobs) : null;
+    } else {
+      const prefix = r.echo ? promptText(model, r, prompts[c.promptIndex]!, c.promptIndex) : "";
+      choice.text = prefix + o.text;
+      choice.logprobs = r.logprobs !== null ? completionLogprobs(model, o.logprobs, r.logprobs, prefix.length) : null;
+    }
+    choice.finish_reason = o.finishReason;
+    choice.stop_reason = o.stopReason ?? null;
+    if (r.returnTokenIds) choice.token_ids = o.tokenIds;
+    return choice;
+  });
+  body.usage = usageBody(usageTotals(prompts, outs, r.n));
+  if (r.returnTokenIds) body.prompt_token_ids = prompts.length === 1 ? prompts[0] : prompts;
+  return body;
+}
+
+/** Builds a stream's chunks. */
+export class ChunkFormatter {
+  private readonly object: string;
+
+  constructor(
+    private readonly r: GenerationRequest,
+    private readonly h: ResponseHeader,
+    private readonly model: LoadedModel,
+  ) {
+    this.object = r.kind === "chat" ? "chat.completion.chunk" : "text_completion";
+  }
+
+  chunk(choices: unknown[]): Json {
+    return { id: this.h.id, object: this.object, created: this.h.created, model: this.h.model, choices, ...(this.r.includeUsage ? { usage: null } : {}) };
+  }
+
+  /** The opening chunk of a choice (chat: the role; completions: the echoed prompt), or null. */
+  opening(c: Choice, prompts: number[][]): Json | null {
+    if (this.r.kind === "chat") return this.chunk([{ index: c.index, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }]);
+    if (this.r.echo) return this.chunk([{ index: c.index, text: promptText(this.model, this.r, prompts[c.promptIndex]!, c.promptIndex), logprobs: null, finish_reason: null }]);
+    return null;
+  }
+
+  /** A delta of one choice, or null when there is nothing to send; `textOffset` is the choice's text so far. */
+  delta(c: Choice, o: RequestOutput, textOffset: number): Json | null {
+    const r = this.r;
+    const finishReason = o.finished ? o.finishReason : null;
+    if (!o.text && !finishReason && !(r.logprobs !== null && o.logprobs.length)) return null;
+    const extra: Json = { ...(r.returnTokenIds ? { token_ids: o.tokenIds } : {}), ...(o.finished ? { stop_reason: o.stopReason ?? null } : {}) };
+    if (r.kind === "chat") {
+      const lp = r.logprobs !== null ? chatLogprobs(this.model, o.logprobs, r.logprobs) : null;
+      return this.chunk([{ index: c.index, delta: o.text ? { content: o.text } : {}, logprobs: lp, finish_reason: finishReason, ...extra }]);
+    }
+    const lp = r.logprobs !== null ? completionLogprobs(this.model, o.logprobs, r.logprobs, textOffset) : null;
+    return this.chunk([{ index: c.index, text: o.text, logprobs: lp, finish_reason: finishReason, ...extra }]);
+  }
+
+  usage(u: UsageTotals): Json {
+    return { id: this.h.id, object: this.object, created: this.h.created, model: this.h.model, choices: [], usage: usageBody(u) };
+  }
+}
