@@ -8,9 +8,10 @@ import Database from "better-sqlite3";
 import OpenAI from "openai";
 import { ROOT } from "./helpers.js";
 import { startServer, type TestServer } from "./support/server.js";
+import { Priority, type Request } from "../src/engine/request.js";
 
 let s: TestServer;
-before(async () => (s = await startServer()));
+before(async () => (s = await startServer({ engine: { maxNumSeqs: 1 } })));
 after(async () => s.close());
 
 const CLI = path.join(ROOT, "dist", "src", "cli.js");
@@ -27,6 +28,27 @@ async function complete(key: string | null, pathName = "/v1/completions"): Promi
 
 function lastRequestLog(): Record<string, unknown> {
   return s.logs.map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === "request").at(-1)!;
+}
+
+/**
+ * The priority a request has inside the engine: a blocker holds the only running slot
+ * (--max-num-seqs 1), so the request waits in the queue, where its priority is read.
+ */
+async function priorityInEngine(key: string, tenant: string, blockerKey: string, pathName = "/v1/completions"): Promise<Priority> {
+  const engine = (await s.manager.acquire("tiny", "test")).engine;
+  const stop = new AbortController();
+  const blocker = fetch(`${s.url}/v1/completions`, {
+    method: "POST", signal: stop.signal, headers: { "content-type": "application/json", authorization: `Bearer ${blockerKey}` },
+    body: JSON.stringify({ model: "tiny", prompt: "block", max_tokens: 500, ignore_eos: true, stream: true }),
+  }).then((r) => r.arrayBuffer(), () => undefined).catch(() => undefined);
+  await eventually(async () => engine.scheduler.running.length === 1, 5000, "the blocker running");
+  const res = complete(key, pathName);
+  let waiting: Request | undefined;
+  await eventually(async () => (waiting = [...engine.scheduler.waiting].find((r) => r.tenant === tenant)) !== undefined, 5000, "the request waiting");
+  stop.abort();
+  await blocker;
+  assert.equal((await res).status, 200);
+  return waiting!.priority;
 }
 
 async function eventually(check: () => Promise<boolean>, ms: number, what: string): Promise<number> {
@@ -54,14 +76,10 @@ test("keys: created by the CLI, stored only as hashes; every tier gets its prior
     assert.ok(!JSON.stringify(rows).includes(k));
   }
   await eventually(async () => (await complete(null)).status === 401, 2000, "auth turning on");
-  for (const [key, name, prio] of [[high, "alice", "high"], [normal, "bob", "normal"], [low, "carol", "low"]] as const) {
-    const res = await complete(key);
-    assert.equal(res.status, 200);
+  for (const [key, name, prio] of [[high, "alice", Priority.HIGH], [normal, "bob", Priority.NORMAL], [low, "carol", Priority.LOW]] as const) {
+    assert.equal(await priorityInEngine(key, name, normal), prio, `${name}'s requests wait in the engine at their tier's priority`);
     assert.equal(lastRequestLog().tenant, name);
-    assert.equal(lastRequestLog().priority, prio);
-    const batch = await complete(key, "/v1/batch/completions");
-    assert.equal(batch.status, 200);
-    assert.equal(lastRequestLog().priority, "low", "batch routes are always LOW");
+    assert.equal(await priorityInEngine(key, name, normal, "/v1/batch/completions"), Priority.LOW, "batch routes are always LOW");
   }
   const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: high, maxRetries: 0 });
   const r = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "x" }], max_tokens: 2 });

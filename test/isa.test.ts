@@ -19,6 +19,10 @@ function logitsWith(isa: string | undefined): { isa: string; logits: Float32Arra
 test("forced AVX2 and scalar paths agree with the default path", () => {
   const base = logitsWith(undefined);
   for (const isa of ["avx2", "scalar"]) {
+    if (isa === base.isa) {
+      console.log(`NOTICE: this host has no AVX-512, so the default path is ${isa}: ${isa} is not compared with itself (only the scalar path is checked)`);
+      continue;
+    }
     const other = logitsWith(isa);
     assert.equal(other.isa, isa);
     let maxDiff = 0, scale = 0;
