@@ -12,6 +12,7 @@ import { ModelRunner } from "../runtime/model-runner.js";
 import { EngineError } from "./errors.js";
 import { DEFAULT_ENGINE_CONFIG, type EngineConfig, type ModelLimits } from "./engine-config.js";
 import { PromptEncoder } from "../model/prompt-encoder.js";
+import { TokenizerPool } from "../model/tokenizer-pool.js";
 import { Engine, type EngineObserver, type Runner } from "./engine.js";
 
 export { DEFAULT_ENGINE_CONFIG, type EngineConfig };
@@ -45,7 +46,7 @@ export function planKv(c: Checkpoint["config"], cfg: EngineConfig): { maxModelLe
 }
 
 /** Loads a model directory and builds its engine; the weights are mapped and packed off the event loop. */
-export async function createModel(id: string, dir: string, cfg: EngineConfig, hooks: ManagerHooks = {}): Promise<LoadedModel> {
+export async function createModel(id: string, dir: string, cfg: EngineConfig, hooks: ManagerHooks = {}, pool = new TokenizerPool()): Promise<LoadedModel> {
   const checkpoint = loadCheckpoint(dir);
   const c = checkpoint.config;
   const tokenizer = fs.existsSync(path.join(dir, "tokenizer.json")) ? TextTokenizer.fromDir(dir) : null;
@@ -60,14 +61,14 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   hooks.log?.(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
     `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
     `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB); kernels ${info.isa}, ${info.threads} threads`);
-  return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer), runner, engine, lastUsed: Date.now() };
+  return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer, pool, maxModelLen), runner, engine, lastUsed: Date.now() };
 }
 
 /** Stops a model's engine (ending what it still runs) and frees its native memory now. */
 export async function unloadModel(m: LoadedModel): Promise<void> {
   await m.engine.shutdown(0);
   await m.runner.dispose();
-  await m.encoder.close();
+  m.encoder.close();
 }
 
 /** What the manager reports about one configured model. */
@@ -91,6 +92,8 @@ export class EngineManager {
   private readonly loaded = new Map<string, LoadedModel>();
   private readonly loading = new Map<string, Promise<LoadedModel>>();
   private readonly failed = new Map<string, number>();
+  /** Worker threads shared by every model's prompt encoder. */
+  readonly tokenizerPool = new TokenizerPool();
 
   constructor(
     /** Model id → directory. */
@@ -143,6 +146,7 @@ export class EngineManager {
       await unloadModel(m);
     }));
     this.loaded.clear();
+    await this.tokenizerPool.close();
   }
 
   private load(id: string, dir: string, requestId: string): Promise<LoadedModel> {
@@ -164,7 +168,7 @@ export class EngineManager {
   private async startLoad(id: string, dir: string): Promise<LoadedModel> {
     await this.evictIdle(id);
     try {
-      const m = await createModel(id, dir, this.config, this.hooks);
+      const m = await createModel(id, dir, this.config, this.hooks, this.tokenizerPool);
       this.failed.delete(id);
       this.loaded.set(id, m);
       return m;

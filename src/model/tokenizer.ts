@@ -7,6 +7,7 @@ import path from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
 import { CheckpointError } from "./errors.js";
+import { charsPerTokenBound, checkPromptChars } from "./prompt-limits.js";
 
 export interface ChatMessage {
   role: string;
@@ -45,8 +46,12 @@ export class TextTokenizer {
   private readonly template: Template | null;
 
   private constructor(
+    /** The model directory it was loaded from: the tokenizer pool's workers load the same one. */
+    readonly dir: string,
     private readonly tok: Tokenizer,
     config: Json,
+    /** Input characters one token can stand for at most (prompt-limits.ts). */
+    readonly charsPerToken: number,
   ) {
     this.bosToken = tokenString(config.bos_token);
     this.eosToken = tokenString(config.eos_token);
@@ -61,7 +66,8 @@ export class TextTokenizer {
     const json = modernizeLegacySentencePiece(JSON.parse(fs.readFileSync(file, "utf8")) as Json);
     const cfgFile = path.join(dir, "tokenizer_config.json");
     const config = fs.existsSync(cfgFile) ? (JSON.parse(fs.readFileSync(cfgFile, "utf8")) as Json) : {};
-    return new TextTokenizer(new Tokenizer(json, config), config);
+    const charsPerToken = charsPerTokenBound(json);
+    return new TextTokenizer(dir, new Tokenizer(json, config), config, charsPerToken);
   }
 
   get hasChatTemplate(): boolean {
@@ -92,8 +98,15 @@ export class TextTokenizer {
     });
   }
 
-  /** Token ids of a rendered chat; the template already holds any BOS. */
-  encodeChat(messages: ChatMessage[]): number[] {
-    return this.encode(this.renderChat(messages), false);
+  /**
+   * Token ids of a rendered chat; the template already holds any BOS. A rendering longer than
+   * `maxChars` is refused before tokenizing (PromptTooLongError): the limit applies to the
+   * rendered text because templates drop text (Llama 3.1 trims each message, Qwen3 drops the
+   * reasoning of earlier turns), so the messages' length does not bound it.
+   */
+  encodeChat(messages: ChatMessage[], maxChars = Infinity): number[] {
+    const text = this.renderChat(messages);
+    checkPromptChars(text.length, maxChars);
+    return this.encode(text, false);
   }
 }

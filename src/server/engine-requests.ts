@@ -7,7 +7,8 @@ import type { LoadedModel } from "../engine/engine-manager.js";
 import type { OutputStream } from "../engine/output-stream.js";
 import type { Priority } from "../engine/request.js";
 import { defaultSamplingParams, type SamplingParams } from "../engine/sampling-params.js";
-import { apiError } from "./errors.js";
+import { PromptTooLongError } from "../model/prompt-limits.js";
+import { apiError, type ApiError } from "./errors.js";
 import type { ChatRequest, CompletionRequest } from "./request-schema.js";
 
 export type GenerationRequest = ChatRequest | CompletionRequest;
@@ -41,24 +42,41 @@ function samplingParams(r: GenerationRequest, promptLen: number, maxModelLen: nu
   });
 }
 
-/** The prompts as token ids: the chat template applied, text tokenized (large inputs off the event loop). */
-export async function encodePrompts(r: GenerationRequest, model: LoadedModel): Promise<number[][]> {
+function tooLong(model: LoadedModel, e: PromptTooLongError, param: string): ApiError {
+  return apiError("context_length_exceeded", {
+    detail: `This model's maximum context length is ${model.engine.limits.maxModelLen} tokens; a prompt of ${e.chars} characters cannot fit (at most ${e.maxChars} characters can).`,
+  }, { param });
+}
+
+/**
+ * The prompts as token ids: the chat template applied, text tokenized (large
+ * inputs off the event loop). A prompt too long to fit is refused before any
+ * tokenizing; `signal` (the client going away) stops work in flight.
+ */
+export async function encodePrompts(r: GenerationRequest, model: LoadedModel, signal?: AbortSignal): Promise<number[][]> {
   const tok = model.tokenizer;
   if (r.kind === "chat") {
     if (!tok) throw apiError("invalid_request", { param: "model", detail: `model ${model.id} has no tokenizer` });
     if (!tok.hasChatTemplate) throw apiError("invalid_request", { param: "messages", detail: `model ${model.id} has no chat template: use /v1/completions` });
-    return [await model.encoder.encodeChat(r.messages)];
+    try {
+      return [await model.encoder.encodeChat(r.messages, signal)];
+    } catch (e) {
+      throw e instanceof PromptTooLongError ? tooLong(model, e, "messages") : e;
+    }
+  }
+  for (const p of r.prompts) {
+    if (typeof p === "string" && p.length > model.encoder.maxChars) throw tooLong(model, new PromptTooLongError(p.length, model.encoder.maxChars), "prompt");
   }
   return Promise.all(r.prompts.map(async (p) => {
     if (typeof p !== "string") return p;
     if (!tok) throw apiError("invalid_request", { param: "prompt", detail: `model ${model.id} has no tokenizer: send token ids` });
-    return model.encoder.encode(p);
+    return model.encoder.encode(p, signal);
   }));
 }
 
 /** Adds every (prompt, choice) to the engine, all or none. */
 export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: number[][], ids: { requestId: string; tenant: string; priority: Priority }): Choice[] {
-  const maxModelLen = model.engine.config.maxModelLen;
+  const maxModelLen = model.engine.limits.maxModelLen;
   const inputs = prompts.flatMap((promptTokenIds, p) => Array.from({ length: r.n }, (_, i) => {
     const index = p * r.n + i;
     return {

@@ -36,8 +36,20 @@ export interface GenerationContext {
 
 /** Runs a chat or completion request and answers it on `reply`. */
 export async function runGeneration(r: GenerationRequest, ctx: GenerationContext, reply: FastifyReply): Promise<void> {
-  const prompts = await encodePrompts(r, ctx.model);
-  ctx.admission.reserve(tokenBudget(r, prompts, ctx.model.engine.config.maxModelLen), prompts.length * r.n);
+  // A client that leaves while its prompt is tokenized frees the worker at once.
+  const gone = new AbortController();
+  reply.raw.once("close", () => {
+    if (!reply.raw.writableFinished) gone.abort();
+  });
+  let prompts: number[][];
+  try {
+    prompts = await encodePrompts(r, ctx.model, gone.signal);
+  } catch (e) {
+    if (!gone.signal.aborted) throw e;
+    reply.hijack(); // nobody is left to answer
+    return;
+  }
+  ctx.admission.reserve(tokenBudget(r, prompts, ctx.model.engine.limits.maxModelLen), prompts.length * r.n);
   let choices: Choice[];
   try {
     choices = addChoices(r, ctx.model, prompts, { requestId: ctx.requestId, tenant: ctx.caller.tenant, priority: ctx.priority });
