@@ -97,8 +97,8 @@ class Model {
   // Stored as fp32: a step reads each cached row once per query head group,
   // and at the context lengths we serve on a CPU the weight reads dominate
   // bandwidth, so bf16 K/V would save little while costing fidelity against
-  // the fp32 reference. One contiguous allocation, made once.
-  // Allocated once with mmap: pages are zero and take no memory until a block is first written.
+  // the fp32 reference. Two mmap'ed regions (K and V), each holding every
+  // layer, made once: pages are zero and take no memory until a block is first written.
   size_t kvFloats_ = 0;
   float* kCache_ = nullptr;
   float* vCache_ = nullptr;

@@ -1,5 +1,6 @@
 // Model weights, memory-mapped straight from safetensors files and kept in
-// their stored dtype (bf16/f16/f32): no float32 copy is ever made.
+// their stored dtype (bf16/f16/f32): no float32 copy of a matrix is made
+// (norm weights and biases, which are small, are widened to fp32).
 #pragma once
 #include <cstddef>
 #include <map>

@@ -1,7 +1,8 @@
 /**
  * The KV cache's blocks: ref-counts, an intrusive doubly linked free list in
- * LRU order, and the prefix-cache map from block hash to block. Every
- * operation is O(1) per block.
+ * LRU order, and the prefix-cache map from block hash to block. Allocation,
+ * release, touch and lookup are O(1) per block; numCachedFree walks the free
+ * list, and is read only for stats.
  */
 
 export interface Block {
