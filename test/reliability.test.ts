@@ -128,7 +128,8 @@ test("a slow reader that stops reading is cut off after the stall timeout and it
   sock.write(`POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
   sock.pause();
   const closed = new Promise((r) => sock.once("close", r));
-  const deadline = Date.now() + 15000;
+  // Filling loopback's socket buffers (several MiB) takes about 15 s of generation on 2 cores.
+  const deadline = Date.now() + 40000;
   while (!s.logs.some((l) => l.includes("stream reader stalled"))) {
     assert.ok(Date.now() < deadline, "the stalled stream was never cut off");
     await new Promise((r) => setTimeout(r, 50));

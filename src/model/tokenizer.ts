@@ -83,6 +83,15 @@ export class TextTokenizer {
     return this.tok.decode(ids, { skip_special_tokens: skipSpecialTokens });
   }
 
+  /** One token's text, special tokens included (log-probs name every candidate); memoized, as log-probs ask for the same ids step after step. */
+  tokenText(id: number): string {
+    let text = this.texts.get(id);
+    if (text === undefined) this.texts.set(id, (text = this.decode([id], false)));
+    return text;
+  }
+
+  private readonly texts = new Map<number, string>();
+
   tokenId(token: string): number | undefined {
     return this.tok.token_to_id(token);
   }

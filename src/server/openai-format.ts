@@ -42,7 +42,7 @@ export function failureError(failed: RequestOutput, requestId: string): ApiError
 }
 
 function tokenText(model: LoadedModel, id: number): string {
-  return model.tokenizer ? model.tokenizer.decode([id], false) : String(id);
+  return model.tokenizer ? model.tokenizer.tokenText(id) : String(id);
 }
 
 export function chatLogprobs(model: LoadedModel, lps: GeneratedLogprob[], top: number): Json {
