@@ -15,6 +15,7 @@ import { ApiError } from "../src/server/errors.js";
 import { hashKey, KEY_NAME_MAX_LENGTH, keyNameProblem, KeyStore, type StoreLog } from "../src/store/database.js";
 import { UsageRecorder } from "../src/store/usage-recorder.js";
 import { ROOT, tempDir } from "./helpers.js";
+import { startServer } from "./support/server.js";
 
 const CLI = path.join(ROOT, "dist", "src", "cli.js");
 
@@ -147,6 +148,54 @@ test("usage recorded while another process holds the write lock: record() return
   usage.close();
   auth.close();
   store.close();
+});
+
+test("through the server: with the database held by another process, requests still succeed and streams end with [DONE]; their usage lands once it lets go", async () => {
+  const s = await startServer();
+  try {
+    const key = s.store.create("erin", "normal");
+    const post = (body: Record<string, unknown>, bearer = key): Promise<Response> => fetch(`${s.url}/v1/chat/completions`, {
+      method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${bearer}` },
+      body: JSON.stringify({ model: "tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 4, ignore_eos: true, ...body }),
+    });
+    const start = Date.now();
+    while ((await post({}, "weft-wrong")).status !== 401) {
+      assert.ok(Date.now() - start < 2500, "auth did not turn on");
+      await sleep(50);
+    }
+    assert.equal((await post({})).status, 200);
+    await eventually(() => usageOf(s.dbFile, "erin").requests === 1, 2000, "the first request's usage");
+    const base = usageOf(s.dbFile, "erin");
+    const holder = await holdDatabase(s.dbFile, "lock");
+    const probe = probeEventLoop();
+    const streamed = await Promise.all([1, 2, 3].map(async () => {
+      const res = await post({ stream: true, stream_options: { include_usage: true } });
+      assert.equal(res.status, 200);
+      const text = await res.text();
+      assert.ok(text.trimEnd().endsWith("data: [DONE]"), `the stream did not end with [DONE]: ${text.slice(-200)}`);
+      const events = text.split("\n\n").filter((e) => e.startsWith("data: {")).map((e) => JSON.parse(e.slice(6)) as { usage?: { prompt_tokens: number; completion_tokens: number } | null });
+      return events.at(-1)!.usage!;
+    }));
+    const whole = await post({});
+    assert.equal(whole.status, 200);
+    const all = [...streamed, ((await whole.json()) as { usage: { prompt_tokens: number; completion_tokens: number } }).usage];
+    await sleep(300); // several flush ticks under the lock
+    const loop = probe.stop();
+    assert.ok(loop.maxGapMs < MAX_LOOP_GAP_MS, `the event loop was blocked for ${loop.maxGapMs.toFixed(0)} ms`);
+    assert.deepEqual(usageOf(s.dbFile, "erin"), base, "nothing written under the lock");
+    assert.ok(s.logs.some((l) => l.includes("usage write failed; retrying every tick")), "the failed write was logged");
+    await holder.release();
+    const want = {
+      requests: base.requests + 4,
+      prompt: base.prompt + all.reduce((n, u) => n + u.prompt_tokens, 0),
+      completion: base.completion + all.reduce((n, u) => n + u.completion_tokens, 0),
+    };
+    assert.equal(want.completion, base.completion + 16);
+    await eventually(() => usageOf(s.dbFile, "erin").requests === want.requests, 3000, "the queued usage being written");
+    assert.deepEqual(usageOf(s.dbFile, "erin"), want);
+  } finally {
+    await s.close();
+  }
 });
 
 test("close() writes what is queued, waiting for a lock another process is about to release", async () => {

@@ -74,7 +74,7 @@ export async function serve(o: ServeOptions): Promise<void> {
   const metrics = new Metrics(() => manager);
   const manager: EngineManager = new EngineManager(models, o.engine, o.maxLoadedModels, managerHooks(metrics, log));
   const store = new KeyStore(o.db);
-  const auth = new Authenticator(store, o.apiKey ?? null);
+  const auth = new Authenticator(store, o.apiKey ?? null, log);
   const usage = new UsageRecorder(store, { log });
   const server = buildServer({
     manager, auth, usage, logger: log, metrics, bodyLimit: o.bodyLimit, protectMetrics: o.protectMetrics ?? false,

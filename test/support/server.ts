@@ -55,7 +55,7 @@ export async function startServer(o: TestServerOptions = {}): Promise<TestServer
   const config: EngineConfig = { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 64 * 2 ** 20, blockSize: 16, maxModelLen: 1024, ...o.engine };
   const metrics = new Metrics(() => manager);
   const manager: EngineManager = new EngineManager(models, config, o.maxLoadedModels ?? 2, { ...managerHooks(metrics, logger), wrapRunner: o.wrapRunner });
-  const auth = new Authenticator(store, o.apiKey ?? null);
+  const auth = new Authenticator(store, o.apiKey ?? null, logger);
   const usage = new UsageRecorder(store, { flushMs: 50, log: logger });
   const server = buildServer({
     manager, auth, usage, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false,
