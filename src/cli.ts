@@ -7,6 +7,7 @@ import { PRESETS } from "./model/presets.js";
 import { serve, type ServeOptions } from "./commands/serve.js";
 import { keysCommand } from "./commands/keys.js";
 import { DEFAULT_DB_PATH } from "./store/database.js";
+import { DEFAULT_HTTP_LIMITS } from "./server/http-limits.js";
 import { DEFAULT_ENGINE_CONFIG, ENGINE_FLAGS, engineConfigFromOptions } from "./engine/engine-config.js";
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
@@ -29,6 +30,20 @@ export function numArg(name: string): (v: string) => number {
     const n = Number(v);
     if (!Number.isFinite(n)) throw new InvalidArgumentError(`${name} must be a number`);
     return n;
+  };
+}
+
+/** A list flag: comma-separated, repeatable, or a JSON array (vLLM's form, e.g. '["*"]'). */
+export function listArg(name: string): (v: string, all: string[]) => string[] {
+  return (v, all) => {
+    let items: unknown;
+    try {
+      items = v.trim().startsWith("[") ? JSON.parse(v) : v.split(",");
+    } catch {
+      items = null;
+    }
+    if (!Array.isArray(items) || !items.every((i) => typeof i === "string")) throw new InvalidArgumentError(`${name} must be a comma-separated list or a JSON array of strings`);
+    return [...all, ...items.map((i) => i.trim()).filter((i) => i.length > 0)];
   };
 }
 
@@ -82,7 +97,13 @@ const serveCommand = program
   .option("--rate-limit-tokens <n>", "prompt + max_tokens × n tokens reserved per minute per API key, unused ones refunded (0: unlimited)", intArg("--rate-limit-tokens"), 0)
   .option("--rate-limit-sequences <n>", "sequences (prompts × n) per minute per API key (0: unlimited)", intArg("--rate-limit-sequences"), 0)
   .option("--stream-stall-timeout <s>", "seconds a streaming client may stop reading before its request is aborted", numArg("--stream-stall-timeout"), 30)
-  .option("--stream-max-buffer <bytes>", "bytes buffered for a slow streaming client before its request is aborted", intArg("--stream-max-buffer", 1), 4 * 1024 * 1024);
+  .option("--stream-max-buffer <bytes>", "bytes buffered for a slow streaming client before its request is aborted", intArg("--stream-max-buffer", 1), 4 * 1024 * 1024)
+  .option("--allowed-origins <origins>", "browser origins allowed to call the API (CORS), e.g. https://app.example.com; '*' for any; comma-separated, repeatable or a JSON list", listArg("--allowed-origins"), [])
+  .option("--allowed-hosts <hosts>", "extra Host names to answer (DNS-rebinding defence): with no API key set up only localhost, IP addresses and these are answered; once given, also with keys; '*' turns the check off", listArg("--allowed-hosts"), [])
+  .option("--header-timeout <s>", "seconds a client has to send a request's headers (408 after)", numArg("--header-timeout"), DEFAULT_HTTP_LIMITS.headersTimeoutMs / 1000)
+  .option("--request-timeout <s>", "seconds a client has to send a whole request, body included (408 after)", numArg("--request-timeout"), DEFAULT_HTTP_LIMITS.requestTimeoutMs / 1000)
+  .option("--keep-alive-timeout <s>", "seconds an idle kept-alive connection stays open; keep it above your proxy's idle timeout", numArg("--keep-alive-timeout"), DEFAULT_HTTP_LIMITS.keepAliveTimeoutMs / 1000)
+  .option("--max-connections <n>", "open connections served; a request on one beyond them gets 503 (0: no cap)", intArg("--max-connections"), DEFAULT_HTTP_LIMITS.maxConnections);
 // Engine knobs: one table (src/engine/engine-config.ts) gives the flags and the config object.
 for (const f of ENGINE_FLAGS) {
   if (f.kind === "negatable") serveCommand.option(f.flag, f.description);

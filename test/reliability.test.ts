@@ -125,7 +125,7 @@ test("a slow reader that stops reading is cut off after the stall timeout and it
   await new Promise((r) => sock.once("connect", r));
   // 16 choices × 1000 tokens with 20 log-probs each: far more than the loopback socket buffers hold.
   const body = JSON.stringify({ model: "tiny", prompt: "x", max_tokens: 1000, n: 16, ignore_eos: true, stream: true, logprobs: 20 });
-  sock.write(`POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+  sock.write(`POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
   sock.pause();
   const closed = new Promise((r) => sock.once("close", r));
   // Filling loopback's socket buffers (several MiB) takes about 15 s of generation on 2 cores.
@@ -145,7 +145,7 @@ test("connections dropped mid-body admit nothing and leave the server serving", 
   for (let i = 0; i < 20; i++) {
     const sock = net.connect(port, "127.0.0.1");
     await new Promise((r) => sock.once("connect", r));
-    sock.write(`POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"model": "tiny", "prompt": "hel`);
+    sock.write(`POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{"model": "tiny", "prompt": "hel`);
     sock.destroy();
   }
   await waitIdle(s);

@@ -14,6 +14,7 @@ import { Metrics } from "../server/metrics.js";
 import { RateLimiter } from "../server/rate-limiter.js";
 import { DEFAULT_DB_PATH, KeyStore } from "../store/database.js";
 import { UsageRecorder } from "../store/usage-recorder.js";
+import { DEFAULT_HTTP_LIMITS } from "../server/http-limits.js";
 
 export interface ServeOptions {
   host: string;
@@ -30,6 +31,12 @@ export interface ServeOptions {
   rateLimitSequences: number;
   streamStallTimeout: number;
   streamMaxBuffer: number;
+  allowedOrigins: string[];
+  allowedHosts: string[];
+  headerTimeout: number;
+  requestTimeout: number;
+  keepAliveTimeout: number;
+  maxConnections: number;
   /** Every engine knob, from ENGINE_FLAGS. */
   engine: EngineConfig;
 }
@@ -78,6 +85,17 @@ export async function serve(o: ServeOptions): Promise<void> {
   const usage = new UsageRecorder(store, { log });
   const server = buildServer({
     manager, auth, usage, logger: log, metrics, bodyLimit: o.bodyLimit, protectMetrics: o.protectMetrics ?? false,
+    http: {
+      allowedOrigins: o.allowedOrigins,
+      allowedHosts: o.allowedHosts,
+      limits: {
+        ...DEFAULT_HTTP_LIMITS,
+        headersTimeoutMs: Math.round(o.headerTimeout * 1000),
+        requestTimeoutMs: Math.round(o.requestTimeout * 1000),
+        keepAliveTimeoutMs: Math.round(o.keepAliveTimeout * 1000),
+        maxConnections: o.maxConnections,
+      },
+    },
     rateLimiter: new RateLimiter({ requestsPerMinute: o.rateLimit, tokensPerMinute: o.rateLimitTokens, sequencesPerMinute: o.rateLimitSequences }),
     sseLimits: { stallTimeoutMs: o.streamStallTimeout * 1000, maxBufferedBytes: o.streamMaxBuffer },
   });

@@ -18,6 +18,18 @@ import { priorityName } from "./engine-requests.js";
 import type { RateLimiter } from "./rate-limiter.js";
 import type { SseLimits } from "./sse.js";
 import type { UsageSink } from "./generation.js";
+import { installCors } from "./cors.js";
+import { installHostCheck } from "./host-check.js";
+import { httpServerOptions, installHttpLimits, unroutedError, type HttpLimits } from "./http-limits.js";
+
+/** The HTTP edge: browsers' access and the limits on clients (see cors.ts, host-check.ts, http-limits.ts). */
+export interface HttpEdgeOptions {
+  /** Origins allowed to call from a browser (CORS), such as https://app.example.com; "*" for any. */
+  allowedOrigins: readonly string[];
+  /** Host names answered besides localhost and IP literals (DNS-rebinding check); "*" for any. */
+  allowedHosts: readonly string[];
+  limits: HttpLimits;
+}
 
 export interface ServerOptions {
   manager: EngineManager;
@@ -32,6 +44,7 @@ export interface ServerOptions {
   protectMetrics: boolean;
   rateLimiter: RateLimiter;
   sseLimits: SseLimits;
+  http: HttpEdgeOptions;
 }
 
 export interface Server {
@@ -58,6 +71,7 @@ type Json = Record<string, unknown>;
 
 export function buildServer(o: ServerOptions): Server {
   const app: FastifyInstance = Fastify({
+    ...httpServerOptions(o.http.limits),
     loggerInstance: o.logger as FastifyBaseLogger,
     // One line per request is logged by the generation handler, without prompt text.
     logController: new LogController({ disableRequestLogging: true }),
@@ -69,16 +83,20 @@ export function buildServer(o: ServerOptions): Server {
   });
   let shuttingDown = false;
   app.removeContentTypeParser("text/plain"); // JSON only: anything else is a 415
+  // Order matters: limits, Host, CORS preflight, then auth.
+  installHttpLimits(app, o.http.limits);
+  installHostCheck(app, { allowedHosts: o.http.allowedHosts, authRequired: () => o.auth.required });
+  installCors(app, o.http.allowedOrigins);
 
   app.addHook("onRequest", async (req, reply) => {
     const config = req.routeOptions.config;
     if (shuttingDown && !config.duringShutdown) throw apiError("shutting_down", {});
     if (needsKey(config.access ?? "key", o.protectMetrics)) req.caller = o.auth.authenticate(req.headers.authorization);
-    void reply.header("x-request-id", req.id);
+    reply.raw.setHeader("x-request-id", req.id); // on the raw response, so streams (hijacked replies) carry it too
   });
 
   app.setErrorHandler((err, req, reply) => sendError(reply, toApiError(err, errorContext(req, o.logger))));
-  app.setNotFoundHandler((req, reply) => sendError(reply, apiError("not_found", { method: req.method, path: req.url.split(/[?#]/)[0] ?? "" })));
+  app.setNotFoundHandler((req, reply) => sendError(reply, unroutedError(req)));
 
   const generate = (kind: "chat" | "completion", batch: boolean) => async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
     const caller = callerOf(req);

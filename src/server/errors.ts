@@ -35,6 +35,7 @@ export const ERRORS = {
   queue_full: { status: 429, type: "rate_limit_error", message: "{detail}", retryAfter: 1 },
   rate_limit_exceeded: { status: 429, type: "rate_limit_error", message: "Rate limit reached for this API key: {detail}.", retryAfter: 1 },
   model_load_failed: { status: 503, type: "service_unavailable", message: "The model '{model}' could not be loaded (request {requestId}); the server log says why.", retryAfter: 30 },
+  too_many_connections: { status: 503, type: "service_unavailable", message: "The server is at its connection limit; retry shortly.", retryAfter: 1 },
   shutting_down: { status: 503, type: "service_unavailable", message: "The server is shutting down.", retryAfter: 5 },
   generation_failed: { status: 500, type: "server_error", message: "Generation failed (request {requestId})." },
   internal_error: { status: 500, type: "server_error", message: "Internal server error (request {requestId})." },

@@ -5,6 +5,7 @@ import { pino } from "pino";
 import { EngineManager, DEFAULT_ENGINE_CONFIG, type EngineConfig, type ManagerHooks } from "../../src/engine/engine-manager.js";
 import { managerHooks } from "../../src/commands/serve.js";
 import { UsageRecorder } from "../../src/store/usage-recorder.js";
+import { DEFAULT_HTTP_LIMITS, type HttpLimits } from "../../src/server/http-limits.js";
 import { Authenticator } from "../../src/server/auth.js";
 import { buildServer, type Server } from "../../src/server/app.js";
 import { Metrics } from "../../src/server/metrics.js";
@@ -35,6 +36,8 @@ export interface TestServerOptions {
   /** More models by id (besides "tiny"). */
   models?: Record<string, string>;
   maxLoadedModels?: number;
+  /** The HTTP edge; absent fields take the serve defaults. */
+  http?: { allowedOrigins?: string[]; allowedHosts?: string[]; limits?: Partial<HttpLimits> };
   /** Wraps each model's runner (fault injection). */
   wrapRunner?: ManagerHooks["wrapRunner"];
 }
@@ -59,6 +62,7 @@ export async function startServer(o: TestServerOptions = {}): Promise<TestServer
   const usage = new UsageRecorder(store, { flushMs: 50, log: logger });
   const server = buildServer({
     manager, auth, usage, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false,
+    http: { allowedOrigins: o.http?.allowedOrigins ?? [], allowedHosts: o.http?.allowedHosts ?? [], limits: { ...DEFAULT_HTTP_LIMITS, ...o.http?.limits } },
     rateLimiter: new RateLimiter(o.rateLimits ?? { requestsPerMinute: 0, tokensPerMinute: 0 }), sseLimits: o.sseLimits ?? DEFAULT_SSE_LIMITS,
   });
   await server.app.listen({ host: "127.0.0.1", port: 0 });
