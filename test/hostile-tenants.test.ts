@@ -205,6 +205,33 @@ test("a rate-limited request loads no model", async () => {
   }
 });
 
+test("cycling models in and out (--max-loaded-models 1) never stalls /health past 100 ms", async () => {
+  const t = await startServer({ models: { other: fixtureModelDir() }, maxLoadedModels: 1 });
+  try {
+    t.manager.prepare(); // as `weft serve` does before listening
+    const send = (model: string): Promise<Response> => fetch(`${t.url}/v1/completions`, {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model, prompt: "x", max_tokens: 1 }),
+    });
+    let slowest = 0, polls = 0, running = true;
+    const poller = (async () => {
+      while (running) {
+        const t0 = performance.now();
+        assert.equal((await fetch(`${t.url}/health`)).status, 200);
+        slowest = Math.max(slowest, performance.now() - t0);
+        polls++;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+    })();
+    for (const model of ["tiny", "other", "tiny", "other", "tiny"]) assert.equal((await send(model)).status, 200);
+    running = false;
+    await poller;
+    console.log(`5 loads with an unload each: ${polls} /health polls, slowest ${slowest.toFixed(1)} ms`);
+    assert.ok(slowest < 100, `/health took ${slowest} ms`);
+  } finally {
+    await t.close();
+  }
+});
+
 test("a model that fails to load: 503 without server paths, the path in the log with the request id, status in /v1/models", async () => {
   const dir = tempDir();
   for (const f of fs.readdirSync(fixtureModelDir())) if (f !== "model.safetensors") fs.copyFileSync(path.join(fixtureModelDir(), f), path.join(dir, f));

@@ -8,7 +8,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { loadCheckpoint, type Checkpoint } from "../model/checkpoint.js";
 import { TextTokenizer } from "../model/tokenizer.js";
-import { ModelRunner } from "../runtime/model-runner.js";
+import { ModelRunner, resolveDtype } from "../runtime/model-runner.js";
 import { EngineError } from "./errors.js";
 import { DEFAULT_ENGINE_CONFIG, type EngineConfig, type ModelLimits } from "./engine-config.js";
 import { PromptEncoder } from "../model/prompt-encoder.js";
@@ -46,12 +46,12 @@ export function planKv(c: Checkpoint["config"], cfg: EngineConfig): { maxModelLe
 }
 
 /** Loads a model directory and builds its engine; the weights are mapped and packed off the event loop. */
-export async function createModel(id: string, dir: string, cfg: EngineConfig, hooks: ManagerHooks = {}, pool = new TokenizerPool()): Promise<LoadedModel> {
+export async function createModel(id: string, dir: string, cfg: EngineConfig, hooks: ManagerHooks = {}, pool = new TokenizerPool(),
+  tokenizer = loadTokenizer(dir)): Promise<LoadedModel> {
   const checkpoint = loadCheckpoint(dir);
   const c = checkpoint.config;
-  const tokenizer = fs.existsSync(path.join(dir, "tokenizer.json")) ? TextTokenizer.fromDir(dir) : null;
   const { maxModelLen, numBlocks } = planKv(c, cfg);
-  const runner = await ModelRunner.create(checkpoint, { numBlocks, blockSize: cfg.blockSize });
+  const runner = await ModelRunner.create(checkpoint, { numBlocks, blockSize: cfg.blockSize }, resolveDtype(cfg.dtype));
   const eos = [...c.eosTokenIds];
   const eosTok = tokenizer?.eosToken ? tokenizer.tokenId(tokenizer.eosToken) : undefined;
   if (eosTok !== undefined && !eos.includes(eosTok)) eos.push(eosTok);
@@ -60,8 +60,13 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   const info = runner.info();
   hooks.log?.(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
     `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
-    `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB); kernels ${info.isa}, ${info.threads} threads`);
+    `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB); dtype ${info.dtype}, kernels ${info.isa}, ${info.threads} threads`);
   return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer, pool, maxModelLen), runner, engine, lastUsed: Date.now() };
+}
+
+/** The model directory's tokenizer, or null when it has none. Takes about half a second for a 150k vocabulary. */
+export function loadTokenizer(dir: string): TextTokenizer | null {
+  return fs.existsSync(path.join(dir, "tokenizer.json")) ? TextTokenizer.fromDir(dir) : null;
 }
 
 /** Stops a model's engine (ending what it still runs) and frees its native memory now. */
@@ -94,6 +99,11 @@ export class EngineManager {
   private readonly failed = new Map<string, number>();
   /** Worker threads shared by every model's prompt encoder. */
   readonly tokenizerPool = new TokenizerPool();
+  /**
+   * Tokenizers by model id, kept across unload and reload: building one blocks the event loop
+   * (about 0.5 s for a 150k vocabulary), so it happens once per model, at start with `prepare`.
+   */
+  private readonly tokenizers = new Map<string, TextTokenizer | null>();
 
   constructor(
     /** Model id → directory. */
@@ -105,6 +115,16 @@ export class EngineManager {
 
   has(id: string): boolean {
     return this.models.has(id);
+  }
+
+  /** Builds every model's tokenizer now (at start, before serving), so no later load blocks the event loop on it. */
+  prepare(): void {
+    for (const id of this.models.keys()) this.tokenizer(id);
+  }
+
+  private tokenizer(id: string): TextTokenizer | null {
+    if (!this.tokenizers.has(id)) this.tokenizers.set(id, loadTokenizer(this.models.get(id)!));
+    return this.tokenizers.get(id) ?? null;
   }
 
   /** The loaded engines (for metrics). */
@@ -135,6 +155,7 @@ export class EngineManager {
     const s = this.state(id);
     return {
       id, object: "model", created: 0, owned_by: "weft", status: s.state,
+      dtype: s.state === "ready" ? s.model.runner.info().dtype : resolveDtype(this.config.dtype),
       ...(s.state === "ready" ? { max_model_len: s.model.engine.limits.maxModelLen } : {}),
     };
   }
@@ -168,7 +189,7 @@ export class EngineManager {
   private async startLoad(id: string, dir: string): Promise<LoadedModel> {
     await this.evictIdle(id);
     try {
-      const m = await createModel(id, dir, this.config, this.hooks, this.tokenizerPool);
+      const m = await createModel(id, dir, this.config, this.hooks, this.tokenizerPool, this.tokenizer(id));
       this.failed.delete(id);
       this.loaded.set(id, m);
       return m;
