@@ -87,12 +87,12 @@ test("defence in depth: a row the native step cannot compute fails alone; the ot
 });
 
 /** Polls /health every 20 ms while `work` runs; returns the slowest answer, ms. */
-async function healthDuring<T>(work: Promise<T>): Promise<{ result: T; slowestMs: number; polls: number }> {
+async function healthDuring<T>(work: Promise<T>, url = s.url): Promise<{ result: T; slowestMs: number; polls: number }> {
   let slowest = 0, polls = 0, running = true;
   const poller = (async () => {
     while (running) {
       const t = performance.now();
-      assert.equal((await fetch(`${s.url}/health`)).status, 200);
+      assert.equal((await fetch(`${url}/health`)).status, 200);
       slowest = Math.max(slowest, performance.now() - t);
       polls++;
       await new Promise((r) => setTimeout(r, 20));
@@ -212,19 +212,10 @@ test("cycling models in and out (--max-loaded-models 1) never stalls /health pas
     const send = (model: string): Promise<Response> => fetch(`${t.url}/v1/completions`, {
       method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model, prompt: "x", max_tokens: 1 }),
     });
-    let slowest = 0, polls = 0, running = true;
-    const poller = (async () => {
-      while (running) {
-        const t0 = performance.now();
-        assert.equal((await fetch(`${t.url}/health`)).status, 200);
-        slowest = Math.max(slowest, performance.now() - t0);
-        polls++;
-        await new Promise((r) => setTimeout(r, 10));
-      }
-    })();
-    for (const model of ["tiny", "other", "tiny", "other", "tiny"]) assert.equal((await send(model)).status, 200);
-    running = false;
-    await poller;
+    const cycle = async (): Promise<void> => {
+      for (const model of ["tiny", "other", "tiny", "other", "tiny"]) assert.equal((await send(model)).status, 200);
+    };
+    const { slowestMs: slowest, polls } = await healthDuring(cycle(), t.url);
     console.log(`5 loads with an unload each: ${polls} /health polls, slowest ${slowest.toFixed(1)} ms`);
     assert.ok(slowest < 100, `/health took ${slowest} ms`);
   } finally {

@@ -1,18 +1,12 @@
-/** Per-request sampling settings, with OpenAI's / vLLM's defaults. */
-export interface SamplingParams {
-  /** 0 = greedy. */
-  temperature: number;
-  topP: number;
-  /** 0 = off. */
-  topK: number;
-  minP: number;
-  repetitionPenalty: number;
-  presencePenalty: number;
-  frequencyPenalty: number;
-  /** Makes sampling reproducible under any batch composition; a random one is drawn when absent. */
-  seed: number;
-  /** Top-N log-probs to return per generated token (0 = none; the chosen token's log-prob is always computed). */
-  logprobs: number;
+import type { RunnerSampling } from "../runtime/model-runner.js";
+
+/**
+ * Per-request sampling settings, with OpenAI's / vLLM's defaults: what the
+ * sampler reads (RunnerSampling: temperature … logprobs; a random seed when
+ * absent makes sampling reproducible under any batch composition), and the
+ * engine's own stop rules.
+ */
+export interface SamplingParams extends RunnerSampling {
   maxTokens: number;
   stop: string[];
   stopTokenIds: number[];

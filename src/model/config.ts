@@ -4,6 +4,7 @@
  */
 import fs from "node:fs";
 import path from "node:path";
+import type { RunnerModelConfig } from "../runtime/model-runner.js";
 import type { RopeScaling } from "../runtime/rope.js";
 import { CheckpointError } from "./errors.js";
 
@@ -12,18 +13,9 @@ export type Architecture = (typeof ARCHITECTURES)[number];
 
 export type { RopeScaling };
 
-export interface ModelConfig {
+/** A checkpoint's shape: what the runner needs (RunnerModelConfig), and what the loader and engine need besides. */
+export interface ModelConfig extends RunnerModelConfig {
   architecture: Architecture;
-  hidden: number;
-  intermediate: number;
-  layers: number;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
-  vocab: number;
-  rmsEps: number;
-  ropeTheta: number;
-  ropeScaling: RopeScaling;
   maxPositions: number;
   tieEmbeddings: boolean;
   /** q/k/v projections carry biases (Qwen2, or `attention_bias`). */
