@@ -6,7 +6,7 @@ import { pino, type Logger } from "pino";
 import { EngineManager, kvBytesPerBlock, planKv, type ManagerHooks } from "../engine/engine-manager.js";
 import type { EngineConfig } from "../engine/engine-config.js";
 import { makeModel } from "../model/make-model.js";
-import { readModelConfig } from "../model/config.js";
+import { loadCheckpoint } from "../model/checkpoint.js";
 import { parseModelSpec, resolveModelSource } from "../model/registry.js";
 import { Authenticator } from "../server/auth.js";
 import { buildServer } from "../server/app.js";
@@ -118,7 +118,7 @@ export async function serve(o: ServeOptions): Promise<void> {
   process.on("SIGINT", () => stop("SIGINT"));
   // Engines are created on first use; check each checkpoint's config now so a bad one fails at start.
   for (const [id, dir] of models) {
-    const c = readModelConfig(dir);
+    const c = loadCheckpoint(dir).config; // a directory or a GGUF file; a bad one fails here, at start
     const kv = planKv(c, manager.config);
     log.info(`model ${id}: ${c.architecture} at ${dir}; context ${kv.maxModelLen} tokens; KV cache ${kv.numBlocks} blocks × ` +
       `${manager.config.blockSize} tokens (${((kv.numBlocks * kvBytesPerBlock(c, manager.config.blockSize)) / 2 ** 20).toFixed(0)} MiB); engine starts on first request`);

@@ -64,9 +64,9 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer, pool, maxModelLen), runner, engine, lastUsed: Date.now() };
 }
 
-/** The model directory's tokenizer, or null when it has none. Takes about half a second for a 150k vocabulary. */
+/** The model directory's (or GGUF file's) tokenizer, or null when it has none. Takes about half a second for a 150k vocabulary. */
 export function loadTokenizer(dir: string): TextTokenizer | null {
-  return fs.existsSync(path.join(dir, "tokenizer.json")) ? TextTokenizer.fromDir(dir) : null;
+  return dir.endsWith(".gguf") || fs.existsSync(path.join(dir, "tokenizer.json")) ? TextTokenizer.fromDir(dir) : null;
 }
 
 /** Stops a model's engine (ending what it still runs) and frees its native memory now. */

@@ -7,6 +7,7 @@ import path from "node:path";
 import { CheckpointError } from "./errors.js";
 import { readModelConfig, type ModelConfig } from "./config.js";
 import { readSafetensors } from "./safetensors.js";
+import { loadGgufCheckpoint } from "./gguf-model.js";
 import type { NativeLayerWeights, NativeTensor, NativeWeights } from "../runtime/native.js";
 
 export interface Checkpoint {
@@ -97,8 +98,9 @@ function layerWeights(p: TensorPicker, c: ModelConfig, i: number): NativeLayerWe
   return w;
 }
 
-/** Loads and validates `dir`; tensor data stays in the files (the addon maps them). */
+/** Loads and validates `dir` (or a `.gguf` file); tensor data stays in the files (the addon maps them). */
 export function loadCheckpoint(dir: string): Checkpoint {
+  if (dir.endsWith(".gguf") && fs.statSync(dir, { throwIfNoEntry: false })?.isFile()) return loadGgufCheckpoint(dir);
   const config = readModelConfig(dir);
   const tensors = collectTensors(shardFiles(dir));
   const p = new TensorPicker(dir, tensors);

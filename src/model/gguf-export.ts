@@ -8,14 +8,17 @@ import path from "node:path";
 import { loadCheckpoint } from "./checkpoint.js";
 import { readTensorBytes } from "./safetensors.js";
 import type { NativeTensor } from "../runtime/native.js";
+import { GGML_TYPES, type GgmlType } from "./gguf.js";
 
 export type GgufDType = "f16" | "bf16";
 
-const GGML_TYPE = { f32: 0, f16: 1, bf16: 30 } as const;
-const ALIGN = 32;
+/** The alignment this writer uses; `general.alignment` must say so. */
+export const ALIGN = 32;
 
 /** GGUF metadata value types. */
-const T = { u32: 4, i32: 5, f32: 6, bool: 7, str: 8, arr: 9 } as const;
+const T = { u8: 0, i8: 1, u16: 2, i16: 3, u32: 4, i32: 5, f32: 6, bool: 7, str: 8, arr: 9, u64: 10, i64: 11, f64: 12 } as const;
+
+type Scalar = Exclude<keyof typeof T, "arr">;
 
 class Writer {
   private readonly parts: Buffer[] = [];
@@ -25,25 +28,43 @@ class Writer {
     this.size += b.length;
   }
   u32(v: number): void { const b = Buffer.alloc(4); b.writeUInt32LE(v); this.push(b); }
-  i32(v: number): void { const b = Buffer.alloc(4); b.writeInt32LE(v); this.push(b); }
   u64(v: number): void { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); this.push(b); }
-  f32(v: number): void { const b = Buffer.alloc(4); b.writeFloatLE(v); this.push(b); }
   str(s: string): void { const b = Buffer.from(s, "utf8"); this.u64(b.length); this.push(b); }
+  scalar(type: Scalar, v: number | string | boolean): void {
+    if (type === "str") return this.str(v as string);
+    const n = v as number, b = Buffer.alloc(type === "u64" || type === "i64" || type === "f64" ? 8 : type.endsWith("16") ? 2 : type.endsWith("8") || type === "bool" ? 1 : 4);
+    switch (type) {
+      case "u8": b.writeUInt8(n); break;
+      case "i8": b.writeInt8(n); break;
+      case "u16": b.writeUInt16LE(n); break;
+      case "i16": b.writeInt16LE(n); break;
+      case "u32": b.writeUInt32LE(n); break;
+      case "i32": b.writeInt32LE(n); break;
+      case "f32": b.writeFloatLE(n); break;
+      case "bool": b.writeUInt8(v ? 1 : 0); break;
+      case "u64": b.writeBigUInt64LE(BigInt(n)); break;
+      case "i64": b.writeBigInt64LE(BigInt(n)); break;
+      case "f64": b.writeDoubleLE(n); break;
+    }
+    this.push(b);
+  }
   buffer(): Buffer { return Buffer.concat(this.parts); }
 }
 
-type Meta = [string, "u32" | "i32" | "f32" | "bool" | "str", number | string | boolean] | [string, "strs" | "i32s", (string | number)[]];
+/** One metadata entry: a scalar (`"u32"`, `"str"`, ...) or an array of one (`"u32s"`, `"strs"`, ...). */
+export type Meta = [string, Scalar, number | string | boolean] | [string, `${Scalar}s`, (number | string | boolean)[]];
 
 function writeMeta(w: Writer, [key, type, value]: Meta): void {
   w.str(key);
-  switch (type) {
-    case "u32": w.u32(T.u32); w.u32(value as number); break;
-    case "i32": w.u32(T.i32); w.i32(value as number); break;
-    case "f32": w.u32(T.f32); w.f32(value as number); break;
-    case "bool": w.u32(T.bool); w.push(Buffer.from([value ? 1 : 0])); break;
-    case "str": w.u32(T.str); w.str(value as string); break;
-    case "strs": w.u32(T.arr); w.u32(T.str); w.u64(value.length); for (const s of value) w.str(s as string); break;
-    case "i32s": w.u32(T.arr); w.u32(T.i32); w.u64(value.length); for (const n of value) w.i32(n as number); break;
+  if (Array.isArray(value)) {
+    const item = type.slice(0, -1) as Scalar;
+    w.u32(T.arr);
+    w.u32(T[item]);
+    w.u64(value.length);
+    for (const v of value) w.scalar(item, v);
+  } else {
+    w.u32(T[type as Scalar]);
+    w.scalar(type as Scalar, value);
   }
 }
 
@@ -99,28 +120,55 @@ function permuteRows(data: Buffer, rows: number, cols: number, heads: number, el
 }
 
 interface TokenizerJson {
-  model: { type: string; vocab: Record<string, number>; merges: (string | [string, string])[] };
+  model: { type: string; vocab: Record<string, number>; merges: (string | [string, string])[]; byte_fallback?: boolean; unk_token?: string | null };
   added_tokens: { id: number; content: string; special: boolean }[];
 }
 
-function tokenizerMeta(dir: string, vocabSize: number, arch: string): Meta[] {
+/**
+ * A SentencePiece BPE vocabulary (Llama 2, Mistral: byte fallback, "▁" for spaces) as llama.cpp's
+ * `llama` tokenizer: scores that rank pieces in merge order (llama.cpp merges the highest-scoring
+ * piece first), byte pieces typed BYTE, the unknown piece UNKNOWN.
+ */
+function sentencePieceMeta(tok: TokenizerJson, tokens: string[], types: number[]): Meta[] {
+  const scores = tokens.map(() => 0);
+  const seen = new Set<string>();
+  tok.model.merges.forEach((m, rank) => {
+    const piece = Array.isArray(m) ? m.join("") : m.replace(" ", "");
+    const id = tok.model.vocab[piece];
+    if (id !== undefined && id < tokens.length && !seen.has(piece)) { seen.add(piece); scores[id] = -rank; }
+  });
+  tokens.forEach((t, id) => {
+    if (types[id] === 1 && /^<0x[0-9A-F]{2}>$/.test(t)) types[id] = 6;
+    if (t === tok.model.unk_token) types[id] = 2;
+  });
+  return [
+    ["tokenizer.ggml.model", "str", "llama"],
+    ["tokenizer.ggml.tokens", "strs", tokens],
+    ["tokenizer.ggml.scores", "f32s", scores],
+    ["tokenizer.ggml.token_type", "i32s", types],
+    ["tokenizer.ggml.add_space_prefix", "bool", true],
+  ];
+}
+
+/** The `tokenizer.*` metadata for the tokenizer in `dir`, padded (or cut) to `vocabSize` ids. */
+export function tokenizerMeta(dir: string, vocabSize: number, arch: string): Meta[] {
   const tok = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8")) as TokenizerJson;
-  if (tok.model.type !== "BPE" || !tok.model.merges) throw new Error("export-gguf supports byte-level BPE tokenizers (Qwen, Llama 3)");
+  if (tok.model.type !== "BPE" || !tok.model.merges) throw new Error("export-gguf supports BPE tokenizers (byte-level: Qwen, Llama 3; SentencePiece: Llama 2, Mistral)");
   const tokens: string[] = Array.from({ length: vocabSize }, (_, i) => `[PAD${i}]`);
   const types: number[] = Array.from({ length: vocabSize }, () => 5); // unused
   for (const [t, id] of Object.entries(tok.model.vocab)) if (id < vocabSize) { tokens[id] = t; types[id] = 1; }
   for (const a of tok.added_tokens) if (a.id < vocabSize) { tokens[a.id] = a.content; types[a.id] = a.special ? 3 : 4; }
-  const merges = tok.model.merges.map((m) => (Array.isArray(m) ? m.join(" ") : m));
   const cfgFile = path.join(dir, "tokenizer_config.json");
-  const cfg = fs.existsSync(cfgFile) ? (JSON.parse(fs.readFileSync(cfgFile, "utf8")) as { chat_template?: string }) : {};
-  const meta: Meta[] = [
+  const cfg = fs.existsSync(cfgFile) ? (JSON.parse(fs.readFileSync(cfgFile, "utf8")) as { chat_template?: string; add_bos_token?: boolean }) : {};
+  const meta: Meta[] = tok.model.byte_fallback ? sentencePieceMeta(tok, tokens, types) : [
     ["tokenizer.ggml.model", "str", "gpt2"],
     ["tokenizer.ggml.pre", "str", arch === "llama" ? "llama-bpe" : "qwen2"],
     ["tokenizer.ggml.tokens", "strs", tokens],
     ["tokenizer.ggml.token_type", "i32s", types],
-    ["tokenizer.ggml.merges", "strs", merges],
+    ["tokenizer.ggml.merges", "strs", tok.model.merges.map((m) => (Array.isArray(m) ? m.join(" ") : m))],
   ];
   if (typeof cfg.chat_template === "string") meta.push(["tokenizer.chat_template", "str", cfg.chat_template]);
+  meta.push(["tokenizer.ggml.add_bos_token", "bool", cfg.add_bos_token === true]);
   return meta;
 }
 
@@ -147,7 +195,6 @@ export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f1
   if (arch === "llama") meta.push([`llama.rope.dimension_count`, "u32", c.headDim], ["llama.vocab_size", "u32", c.vocab]);
   if (c.bosTokenId !== null) meta.push(["tokenizer.ggml.bos_token_id", "u32", c.bosTokenId]);
   if (c.eosTokenIds[0] !== undefined) meta.push(["tokenizer.ggml.eos_token_id", "u32", c.eosTokenIds[0]]);
-  meta.push(["tokenizer.ggml.add_bos_token", "bool", false]);
 
   const w = ck.weights;
   const list: [string, NativeTensor, "q" | "k" | null][] = [["token_embd.weight", w.embed, null], ["output_norm.weight", w.finalNorm, null]];
@@ -160,23 +207,46 @@ export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f1
     if (l.bq && l.bk && l.bv) list.push([`${b}attn_q.bias`, l.bq, null], [`${b}attn_k.bias`, l.bk, null], [`${b}attn_v.bias`, l.bv, null]);
     if (l.qNorm && l.kNorm) list.push([`${b}attn_q_norm.weight`, l.qNorm, null], [`${b}attn_k_norm.weight`, l.kNorm, null]);
   });
+  const tensors = list.map(([name, t, perm]): GgufTensorOut => {
+    const type = t.shape.length === 1 ? "F32" : dtype === "f16" ? "F16" : "BF16";
+    return {
+      name, type, shape: t.shape,
+      data: () => {
+        const data = convert(t, type === "F32" ? "f32" : dtype);
+        return arch === "llama" && perm ? permuteRows(data, t.shape[0]!, t.shape[1]!, perm === "q" ? c.heads : c.kvHeads, 2) : data;
+      },
+    };
+  });
+  writeGguf(out, meta, tensors);
+  return { tensors: list.length, bytes: fs.statSync(out).size };
+}
 
+/** One tensor to write: its row-major shape, and its data in `type`'s encoding, produced when it is written. */
+export interface GgufTensorOut {
+  name: string;
+  type: GgmlType;
+  shape: number[];
+  data: () => Uint8Array;
+}
+
+/** Writes a GGUF v3 file: the metadata, then each tensor's data, aligned to ALIGN (which `meta` should state). */
+export function writeGguf(out: string, meta: Meta[], tensors: GgufTensorOut[]): void {
   const header = new Writer();
   header.push(Buffer.from("GGUF", "ascii"));
   header.u32(3);
-  header.u64(list.length);
+  header.u64(tensors.length);
   header.u64(meta.length);
   for (const m of meta) writeMeta(header, m);
   let offset = 0;
-  const plan = list.map(([name, t, perm]) => {
-    const type: "f32" | GgufDType = t.shape.length === 1 ? "f32" : dtype;
-    const bytes = t.shape.reduce((a, b) => a * b, 1) * (type === "f32" ? 4 : 2);
-    header.str(name);
+  const plan = tensors.map((t) => {
+    const { blockSize, blockBytes } = GGML_TYPES[t.type];
+    const bytes = (t.shape.reduce((a, b) => a * b, 1) / blockSize) * blockBytes;
+    header.str(t.name);
     header.u32(t.shape.length);
     for (const d of [...t.shape].reverse()) header.u64(d); // ggml lists dimensions innermost first
-    header.u32(GGML_TYPE[type]);
+    header.u32(GGML_TYPES[t.type].id);
     header.u64(offset);
-    const entry = { t, type, perm, at: offset };
+    const entry = { t, at: offset, bytes };
     offset += Math.ceil(bytes / ALIGN) * ALIGN;
     return entry;
   });
@@ -187,8 +257,8 @@ export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f1
     fs.writeSync(fd, Buffer.alloc((ALIGN - (head.length % ALIGN)) % ALIGN));
     let written = 0;
     for (const p of plan) {
-      let data = convert(p.t, p.type);
-      if (arch === "llama" && p.perm) data = permuteRows(data, p.t.shape[0]!, p.t.shape[1]!, p.perm === "q" ? c.heads : c.kvHeads, 2);
+      const data = p.t.data();
+      if (data.length !== p.bytes) throw new Error(`${p.t.name}: ${data.length} bytes of data, its shape and type need ${p.bytes}`);
       fs.writeSync(fd, Buffer.alloc(p.at - written));
       fs.writeSync(fd, data);
       written = p.at + data.length;
@@ -197,5 +267,4 @@ export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f1
   } finally {
     fs.closeSync(fd);
   }
-  return { tensors: list.length, bytes: fs.statSync(out).size };
 }

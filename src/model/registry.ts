@@ -27,6 +27,7 @@ function isRepoId(s: string): boolean {
 
 /** The model directory for `source`: local, cached, or freshly downloaded. */
 export async function resolveModelSource(source: string, o: DownloadOptions = {}): Promise<string> {
+  if (source.endsWith(".gguf") && fs.statSync(source, { throwIfNoEntry: false })?.isFile()) return path.resolve(source);
   let dir = source;
   if (isRepoId(source)) dir = cachedSnapshot(source, o.revision, o.cacheDir) ?? (await downloadModel(source, o));
   if (!fs.existsSync(path.join(dir, "config.json"))) throw new Error(`no config.json in ${dir}`);

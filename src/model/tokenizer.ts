@@ -7,6 +7,8 @@ import path from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
 import { CheckpointError } from "./errors.js";
+import { readGguf } from "./gguf.js";
+import { ggufTokenizerFiles } from "./gguf-tokenizer.js";
 import { charsPerTokenBound, checkPromptChars } from "./prompt-limits.js";
 
 export interface ChatMessage {
@@ -61,6 +63,10 @@ export class TextTokenizer {
 
   /** Loads `tokenizer.json` (required) and `tokenizer_config.json` (optional) from `dir`. */
   static fromDir(dir: string): TextTokenizer {
+    if (dir.endsWith(".gguf")) {
+      const { tokenizer, config } = ggufTokenizerFiles(readGguf(dir));
+      return new TextTokenizer(dir, new Tokenizer(tokenizer, config), config, charsPerTokenBound(tokenizer));
+    }
     const file = path.join(dir, "tokenizer.json");
     if (!fs.existsSync(file)) throw new CheckpointError(dir, "no tokenizer.json");
     const json = modernizeLegacySentencePiece(JSON.parse(fs.readFileSync(file, "utf8")) as Json);
