@@ -3,12 +3,13 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AdmissionPolicy, refusalError, type Admission, type AdmissionGroup } from "../src/engine/admission.js";
 import { EngineError } from "../src/engine/errors.js";
-import { RequestQueue, agingKey, runsBefore, type Queued } from "../src/engine/request-queue.js";
+import { RequestQueue, agingKey, runsBefore } from "../src/engine/request-queue.js";
+import type { Costed } from "../src/engine/fair-share.js";
 import { Priority } from "../src/engine/request.js";
 import { ApiError } from "../src/server/errors.js";
 import { RateLimiter, type RateAdmission, type RateLimits } from "../src/server/rate-limiter.js";
 
-interface Item extends Queued {
+interface Item extends Costed {
   id: string;
 }
 
@@ -23,7 +24,7 @@ function queueWith(maxWaitingRequests: number, maxWaitingPerTenant: number): {
   const admit = (priority: Priority, tenant: string, sequences: number): Admission => {
     const g: AdmissionGroup = { priority, tenant, sequences };
     const a = policy.check(q, g);
-    if (a.ok) for (let i = 0; i < sequences; i++) q.push({ id: `${tenant}-${seq}`, priority, tenant, arrivalTime: 0, sequence: seq++ });
+    if (a.ok) for (let i = 0; i < sequences; i++) q.push({ id: `${tenant}-${seq}`, priority, tenant, arrivalTime: 0, sequence: seq++, fairShareCost: 1 });
     return a;
   };
   return { q, admit };
@@ -126,10 +127,10 @@ test("all or nothing: a group one sequence too large is refused and changes noth
 test("the queue's counts per priority and per tenant follow push, pop and remove", () => {
   const q = new RequestQueue<Item>(0.1);
   const items: Item[] = [
-    { id: "a0", priority: Priority.LOW, tenant: "a", arrivalTime: 0, sequence: 0 },
-    { id: "b0", priority: Priority.HIGH, tenant: "b", arrivalTime: 1, sequence: 1 },
-    { id: "a1", priority: Priority.NORMAL, tenant: "a", arrivalTime: 2, sequence: 2 },
-    { id: "c0", priority: Priority.HIGH, tenant: "c", arrivalTime: 30, sequence: 3 },
+    { id: "a0", priority: Priority.LOW, tenant: "a", arrivalTime: 0, sequence: 0, fairShareCost: 1 },
+    { id: "b0", priority: Priority.HIGH, tenant: "b", arrivalTime: 1, sequence: 1, fairShareCost: 1 },
+    { id: "a1", priority: Priority.NORMAL, tenant: "a", arrivalTime: 2, sequence: 2, fairShareCost: 1 },
+    { id: "c0", priority: Priority.HIGH, tenant: "c", arrivalTime: 30, sequence: 3, fairShareCost: 1 },
   ];
   for (const r of items) q.push(r);
   assert.deepEqual(counts(q), [2, 1, 1]);
@@ -147,7 +148,7 @@ test("the queue's counts per priority and per tenant follow push, pop and remove
 });
 
 test("agingKey and runsBefore: one definition of the aging order, ties to the earlier admission", () => {
-  const low = { priority: Priority.LOW, tenant: "", arrivalTime: 0, sequence: 0 };
+  const low = { priority: Priority.LOW, tenant: "", arrivalTime: 0, sequence: 0, fairShareCost: 1 };
   const highEarly = { priority: Priority.HIGH, tenant: "", arrivalTime: 19.9, sequence: 1 };
   const highLate = { priority: Priority.HIGH, tenant: "", arrivalTime: 20.1, sequence: 2 };
   assert.equal(agingKey(low, 0.1), 2);

@@ -280,3 +280,47 @@ test("EngineManager: engines on first use; past --max-loaded-models the least re
   await m.shutdown(0);
   assert.deepEqual(m.engines, []);
 });
+
+test("fair share: B's one request behind A's 200 (same tier) starts within the next max-num-seqs admissions; with --no-fair-share, after all of them", () => {
+  const maxNumSeqs = 4;
+  for (const fairShare of [true, false]) {
+    const clock = { t: 0 };
+    const s = new Scheduler({ ...CONFIG, maxNumSeqs, maxNumBatchedTokens: 1000, fairShare }, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => clock.t);
+    let seq = 0;
+    const add = (tenant: string, id: string, p = Priority.NORMAL): void => s.add(new Request(id, [1, 2, 3], greedy(4), p, tenant, tenant, clock.t, seq++));
+    for (let i = 0; i < 200; i++) add("A", `a${i}`);
+    const order: string[] = [];
+    const step = (): void => {
+      for (const x of s.schedule()) if (!order.includes(x.request.id)) order.push(x.request.id);
+      for (const r of [...s.running]) s.finish(r, RequestStatus.FINISHED_LENGTH);
+      clock.t += 0.05;
+    };
+    step(); // A's first four run
+    add("B", "b");
+    const admittedBefore = order.length;
+    while (s.hasWork) step();
+    const after = order.indexOf("b") - admittedBefore;
+    if (fairShare) assert.ok(after < maxNumSeqs, `B admitted ${after} admissions after it arrived`);
+    else assert.equal(after, 196, "first come, first served: B waits behind all of A's");
+  }
+});
+
+test("fair share weighs tokens: a tenant served much waits behind one served little; priorities and aging still rule across tiers", () => {
+  const clock = { t: 0 };
+  const s = new Scheduler({ ...CONFIG, maxNumSeqs: 1, maxNumBatchedTokens: 1000 }, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => clock.t);
+  let seq = 0;
+  const add = (tenant: string, id: string, maxTokens: number, p = Priority.NORMAL): void =>
+    s.add(new Request(id, [1, 2, 3], greedy(maxTokens), p, tenant, tenant, clock.t, seq++));
+  // Big asks 3 × 300 tokens, small asks 3 × 10, all at once: small's cheap requests are not stuck behind big's.
+  for (let i = 0; i < 3; i++) add("big", `big${i}`, 300);
+  for (let i = 0; i < 3; i++) add("small", `small${i}`, 10);
+  add("vip", "vip", 10, Priority.HIGH);
+  const order: string[] = [];
+  while (s.hasWork) {
+    for (const x of s.schedule()) order.push(x.request.id);
+    for (const r of [...s.running]) s.finish(r, RequestStatus.FINISHED_LENGTH);
+    clock.t += 0.01;
+  }
+  assert.equal(order[0], "vip", "HIGH first, whatever the shares");
+  assert.deepEqual(order.slice(1, 5), ["big0", "small0", "small1", "small2"], "after big's first turn, small's are all cheaper than big's next");
+});

@@ -22,12 +22,20 @@ export interface EngineConfig {
   enablePrefixCaching: boolean;
   /** Priority gained per second of waiting. */
   agingRate: number;
+  /** Fair share between tenants: a tenant's own backlog delays its later requests (fair-share.ts). */
+  fairShare: boolean;
   /** Waiting sequences beyond this are refused (queue_full). */
   maxWaitingRequests: number;
   /** Waiting sequences one tenant may hold (0: no cap beyond the tier's share). */
   maxWaitingPerTenant: number;
   /** Caps the model's context length (0: the model's own). */
   maxModelLen: number;
+  /**
+   * Compute mode of the forward pass (vLLM's --dtype). float32: the exact reference path.
+   * bfloat16: linear-layer inputs rounded to bf16, fp32 accumulation, as transformers in bf16.
+   * auto (the default): bfloat16 where the CPU has AVX512_BF16 or AMX-BF16, else float32.
+   */
+  dtype: "auto" | "float32" | "bfloat16";
 }
 
 export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
@@ -37,9 +45,11 @@ export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
   maxNumBatchedTokens: 256,
   enablePrefixCaching: true,
   agingRate: 0.1,
+  fairShare: true,
   maxWaitingRequests: 1024,
   maxWaitingPerTenant: 256,
   maxModelLen: 0,
+  dtype: "auto",
 };
 
 /** What an engine learns from its model and KV plan, as opposed to what it is configured with. */
@@ -56,9 +66,11 @@ export interface EngineFlag {
   /** Commander flag syntax. */
   flag: string;
   description: string;
-  kind: "int" | "number" | "negatable";
+  kind: "int" | "number" | "negatable" | "choice";
   /** Smallest accepted value (int flags). */
   min?: number;
+  /** The accepted values (choice flags). */
+  choices?: readonly string[];
 }
 
 export const ENGINE_FLAGS: readonly EngineFlag[] = [
@@ -68,9 +80,11 @@ export const ENGINE_FLAGS: readonly EngineFlag[] = [
   { key: "maxNumBatchedTokens", flag: "--max-num-batched-tokens <n>", description: "tokens per step", kind: "int", min: 1 },
   { key: "enablePrefixCaching", flag: "--no-enable-prefix-caching", description: "turn prefix caching off", kind: "negatable" },
   { key: "agingRate", flag: "--priority-aging-rate <r>", description: "priority gained per second of waiting", kind: "number" },
+  { key: "fairShare", flag: "--no-fair-share", description: "turn fair share between tenants of one tier off (first come, first served by aging key)", kind: "negatable" },
   { key: "maxWaitingRequests", flag: "--max-waiting-requests <n>", description: "waiting sequences beyond which requests get 429", kind: "int", min: 1 },
   { key: "maxWaitingPerTenant", flag: "--max-waiting-per-tenant <n>", description: "waiting sequences one API key may hold (0: no cap)", kind: "int", min: 0 },
   { key: "maxModelLen", flag: "--max-model-len <n>", description: "cap the context length (0: the model's)", kind: "int", min: 0 },
+  { key: "dtype", flag: "--dtype <dtype>", description: "compute mode: bfloat16 is fast, float32 exact; auto picks bfloat16 on CPUs with AVX512_BF16 or AMX", kind: "choice", choices: ["auto", "float32", "bfloat16"] },
 ];
 
 /** The commander option name (camelCase) a flag's value lands under. */

@@ -1,12 +1,16 @@
 /**
- * Waiting requests ordered by effective priority with aging:
+ * Waiting requests, in three tiers by base priority, ordered with aging:
  *   effective = base − rate × (now − arrival)
- * Lower runs first. Since rate × now is the same for every request at any
- * instant, the order equals the order of the time-invariant key
- * base + rate × arrival (agingKey), so a binary heap on that key gives O(log n)
- * push/pop with no rescans, and the order is always the current effective order.
+ * Lower runs first. Across tiers the tier whose oldest request has the best
+ * effective priority goes next; since rate × now is the same for every
+ * request, that is the tier with the lowest time-invariant key
+ * base + rate × oldest arrival (agingKey). Within a tier, requests run in
+ * arrival order, or with fair share (fair-share.ts) in start-time fair
+ * order between tenants. Every order is a heap: O(log n) per admission.
  * Counts per base priority and per tenant are kept in O(1) for admission.
  */
+import { BinaryHeap } from "./binary-heap.js";
+import { FairShare, type Costed } from "./fair-share.js";
 import type { Priority } from "./request.js";
 
 export interface Queued {
@@ -27,15 +31,58 @@ export function runsBefore(a: Queued, b: Queued, rate: number): boolean {
   return ka < kb || (ka === kb && a.sequence < b.sequence);
 }
 
-export class RequestQueue<T extends Queued> {
-  private readonly heap: T[] = [];
+const earlier = (a: Queued, b: Queued): boolean => a.arrivalTime < b.arrivalTime || (a.arrivalTime === b.arrivalTime && a.sequence < b.sequence);
+
+class Tier<T extends Costed> {
+  /** Oldest first: the tier's age, for aging across tiers. */
+  readonly byArrival = new BinaryHeap<T>(earlier);
+  /** The order of admission within the tier. */
+  readonly byTurn: BinaryHeap<T>;
+
+  constructor(
+    private readonly fair: FairShare | null,
+    /** Each request's fair-share start, fixed when first queued (a preempted request keeps its place). */
+    private readonly starts: WeakMap<T, number>,
+  ) {
+    this.byTurn = fair ? new BinaryHeap<T>((a, b) => this.start(a) < this.start(b) || (this.start(a) === this.start(b) && a.sequence < b.sequence)) : this.byArrival;
+  }
+
+  push(r: T): void {
+    if (this.fair && !this.starts.has(r)) this.starts.set(r, this.fair.tag(r));
+    this.byArrival.push(r);
+    if (this.byTurn !== this.byArrival) this.byTurn.push(r);
+  }
+
+  remove(r: T): boolean {
+    if (!this.byArrival.remove(r)) return false;
+    if (this.byTurn !== this.byArrival) this.byTurn.remove(r);
+    return true;
+  }
+
+  admitted(r: T): void {
+    this.fair?.admitted(this.start(r));
+  }
+
+  private start(r: T): number {
+    return this.starts.get(r)!;
+  }
+}
+
+export class RequestQueue<T extends Costed> {
+  private readonly tiers: Tier<T>[];
   private readonly perPriority = [0, 0, 0];
   private readonly perTenant = new Map<string, number>();
 
-  constructor(readonly agingRate: number) {}
+  constructor(
+    readonly agingRate: number,
+    fairShare = false,
+  ) {
+    const starts = new WeakMap<T, number>();
+    this.tiers = [0, 1, 2].map(() => new Tier<T>(fairShare ? new FairShare() : null, starts));
+  }
 
   get size(): number {
-    return this.heap.length;
+    return this.perPriority[0]! + this.perPriority[1]! + this.perPriority[2]!;
   }
 
   /** Waiting count per base priority (HIGH, NORMAL, LOW). */
@@ -49,28 +96,29 @@ export class RequestQueue<T extends Queued> {
   }
 
   push(r: T): void {
-    this.heap.push(r);
-    this.perPriority[r.priority]!++;
-    this.perTenant.set(r.tenant, this.waitingOf(r.tenant) + 1);
-    this.up(this.heap.length - 1);
+    this.tiers[r.priority]!.push(r);
+    this.count(r, 1);
   }
 
+  /** The next request to admit. */
   peek(): T | undefined {
-    return this.heap[0];
+    return this.nextTier()?.byTurn.peek();
   }
 
   pop(): T | undefined {
-    const top = this.heap[0];
-    if (!top) return undefined;
-    this.removeAt(0);
-    return top;
+    const tier = this.nextTier();
+    const r = tier?.byTurn.peek();
+    if (!tier || !r) return undefined;
+    tier.remove(r);
+    tier.admitted(r);
+    this.count(r, -1);
+    return r;
   }
 
-  /** Removes `r` (an abort): O(n) to find it, O(log n) to fix the heap. */
+  /** Removes `r` (an abort): O(n) to find it, O(log n) to fix the heaps. */
   remove(r: T): boolean {
-    const i = this.heap.indexOf(r);
-    if (i < 0) return false;
-    this.removeAt(i);
+    if (!this.tiers[r.priority]!.remove(r)) return false;
+    this.count(r, -1);
     return true;
   }
 
@@ -81,47 +129,23 @@ export class RequestQueue<T extends Queued> {
   }
 
   *[Symbol.iterator](): IterableIterator<T> {
-    yield* this.heap;
+    for (const t of this.tiers) yield* t.byArrival;
   }
 
-  private less(a: T, b: T): boolean {
-    return runsBefore(a, b, this.agingRate);
+  /** The tier whose oldest request has the lowest aging key. */
+  private nextTier(): Tier<T> | undefined {
+    let best: Tier<T> | undefined, bestKey = Infinity;
+    for (const t of this.tiers) {
+      const oldest = t.byArrival.peek();
+      if (oldest && agingKey(oldest, this.agingRate) < bestKey) [best, bestKey] = [t, agingKey(oldest, this.agingRate)];
+    }
+    return best;
   }
 
-  private removeAt(i: number): void {
-    const r = this.heap[i]!;
-    this.perPriority[r.priority]!--;
-    const left = this.waitingOf(r.tenant) - 1;
-    if (left > 0) this.perTenant.set(r.tenant, left);
+  private count(r: T, d: 1 | -1): void {
+    this.perPriority[r.priority]! += d;
+    const n = this.waitingOf(r.tenant) + d;
+    if (n > 0) this.perTenant.set(r.tenant, n);
     else this.perTenant.delete(r.tenant); // only tenants with waiting requests keep an entry
-    const last = this.heap.pop()!;
-    if (i < this.heap.length) {
-      this.heap[i] = last;
-      this.up(i);
-      this.down(i);
-    }
-  }
-
-  private up(i: number): void {
-    const h = this.heap;
-    while (i > 0) {
-      const p = (i - 1) >> 1;
-      if (!this.less(h[i]!, h[p]!)) break;
-      [h[i], h[p]] = [h[p]!, h[i]!];
-      i = p;
-    }
-  }
-
-  private down(i: number): void {
-    const h = this.heap;
-    for (;;) {
-      const l = 2 * i + 1, r = l + 1;
-      let m = i;
-      if (l < h.length && this.less(h[l]!, h[m]!)) m = l;
-      if (r < h.length && this.less(h[r]!, h[m]!)) m = r;
-      if (m === i) break;
-      [h[i], h[m]] = [h[m]!, h[i]!];
-      i = m;
-    }
   }
 }

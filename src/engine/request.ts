@@ -87,6 +87,11 @@ export class Request {
     return [...this.promptTokenIds, ...this.outputTokenIds];
   }
 
+  /** Tokens it may take (prompt + max_tokens): its cost to its tenant's fair share. */
+  get fairShareCost(): number {
+    return this.promptTokenIds.length + this.params.maxTokens;
+  }
+
   get numTokens(): number {
     return this.promptTokenIds.length + this.outputTokenIds.length;
   }

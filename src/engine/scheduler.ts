@@ -33,7 +33,7 @@ export class Scheduler {
     readonly kv: KvCacheManager,
     private readonly now: () => number,
   ) {
-    this.waiting = new RequestQueue(config.agingRate);
+    this.waiting = new RequestQueue(config.agingRate, config.fairShare);
   }
 
   get hasWork(): boolean {
@@ -116,7 +116,8 @@ export class Scheduler {
   private checkStop(r: Request, token: number): void {
     const p = r.params;
     const eos = !p.ignoreEos && this.limits.eosTokenIds.includes(token);
-    if (eos || p.stopTokenIds.includes(token)) this.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "token", tokenId: token, eos });
+    const mayStop = r.outputTokenIds.length >= p.minTokens;
+    if (mayStop && (eos || p.stopTokenIds.includes(token))) this.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "token", tokenId: token, eos });
     else if (r.outputTokenIds.length >= p.maxTokens || r.numTokens >= this.limits.maxModelLen) this.finish(r, RequestStatus.FINISHED_LENGTH);
   }
 
