@@ -9,9 +9,12 @@
         "native/attention.cpp",
         "native/sampling.cpp",
         "native/matmul.cpp",
+        "native/kernels_amx.cpp",
+        "native/kernels_avx512bf16.cpp",
         "native/kernels_avx512.cpp",
         "native/kernels_avx2.cpp",
-        "native/kernels_scalar.cpp"
+        "native/kernels_scalar.cpp",
+        "native/roofline.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS"],

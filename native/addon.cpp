@@ -6,6 +6,7 @@
 #include <memory>
 #include <stdexcept>
 #include "model.h"
+#include "roofline.h"
 
 namespace weft {
 namespace {
@@ -109,6 +110,10 @@ ModelConfig parseConfig(const Napi::Object& o) {
   c.rmsEps = o.Get("rmsEps").As<Napi::Number>().FloatValue();
   c.attentionScaling = o.Get("attentionScaling").As<Napi::Number>().FloatValue();
   c.invFreq = typed<float, napi_float32_array>(o, "invFreq", c.headDim / 2, "Float32Array");
+  const Napi::Value dtype = o.Get("dtype");
+  const std::string mode = dtype.IsString() ? dtype.As<Napi::String>().Utf8Value() : "";
+  if (mode != "float32" && mode != "bfloat16") throw std::invalid_argument("dtype must be float32 or bfloat16");
+  c.bf16 = mode == "bfloat16";
   if (c.hidden <= 0 || c.layers <= 0 || c.heads <= 0 || c.kvHeads <= 0 || c.heads % c.kvHeads != 0 ||
       c.headDim <= 0 || c.headDim % 2 != 0 || c.vocab <= 0 || c.numBlocks <= 0 || c.blockSize <= 0)
     throw std::invalid_argument("invalid model dimensions");
@@ -135,7 +140,12 @@ StepInput parseStep(const Napi::Object& o) {
   auto topK = typed<int32_t, napi_int32_array>(o, "topK", S, "Int32Array");
   auto nLp = typed<int32_t, napi_int32_array>(o, "numLogprobs", S, "Int32Array");
   auto counters = typed<int32_t, napi_int32_array>(o, "counters", S, "Int32Array");
-  auto seeds = typed<double, napi_float64_array>(o, "seeds", S, "Float64Array");
+  auto seeds = typed<uint64_t, napi_biguint64_array>(o, "seeds", S, "BigUint64Array");
+  auto biasOffsets = typed<int32_t, napi_int32_array>(o, "biasOffsets", S + 1, "Int32Array");
+  auto biasIds = int32s(o, "biasIds");
+  auto biasValues = typed<float, napi_float32_array>(o, "biasValues", biasIds.size(), "Float32Array");
+  if (biasOffsets[0] != 0 || biasOffsets[S] != static_cast<int32_t>(biasIds.size()))
+    throw std::invalid_argument("step input 'biasOffsets' does not cover 'biasIds'");
   for (size_t i = 0; i < S; i++) {
     SamplingParams p;
     p.temperature = temperature[i];
@@ -148,6 +158,8 @@ StepInput parseStep(const Napi::Object& o) {
     p.numLogprobs = nLp[i] < 0 ? 0 : nLp[i];
     p.counter = static_cast<uint32_t>(counters[i]);
     p.seed = seeds[i];
+    if (biasOffsets[i] > biasOffsets[i + 1]) throw std::invalid_argument("step input 'biasOffsets' must not decrease");
+    for (int32_t j = biasOffsets[i]; j < biasOffsets[i + 1]; j++) p.bias.emplace_back(biasIds[j], biasValues[j]);
     in.params.push_back(p);  // values are checked per row by the step (samplingError): a bad row fails alone
   }
   in.promptOffsets = int32s(o, "promptOffsets");
@@ -346,6 +358,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     r.Set("isa", activeKernels().name);
     r.Set("threads", omp_get_max_threads());
     r.Set("kvCacheBytes", static_cast<double>(m.kvCacheBytes()));
+    r.Set("dtype", m.config().bf16 ? "bfloat16" : "float32");
     return r;
   }
 
@@ -364,6 +377,33 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   }
 
   std::shared_ptr<ModelState> state_ = std::make_shared<ModelState>();
+};
+
+// Measures the machine's limits on a worker thread (a few seconds); resolves with them.
+class RooflineWorker : public Napi::AsyncWorker {
+ public:
+  explicit RooflineWorker(Napi::Env env) : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise promise() { return deferred_.Promise(); }
+  void Execute() override {
+    try {
+      r_ = measureRooflines();
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    }
+  }
+  void OnOK() override {
+    Napi::Object o = Napi::Object::New(Env());
+    o.Set("readBytesPerSecond", r_.readBytesPerSecond);
+    o.Set("fp32Flops", r_.fp32Flops);
+    o.Set("bf16DotFlops", r_.bf16DotFlops);
+    o.Set("amxFlops", r_.amxFlops);
+    deferred_.Resolve(o);
+  }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  Rooflines r_;
 };
 
 // Parses the spec and maps the files on the main thread (mmap reads no page);
@@ -396,6 +436,28 @@ Napi::Object init(Napi::Env env, Napi::Object exports) {
     } catch (const std::exception& e) {
       throw Napi::Error::New(info.Env(), e.what());
     }
+  }));
+  exports.Set("bf16Hardware", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    try {
+      return Napi::Boolean::New(info.Env(), activeKernels().bf16Hardware);
+    } catch (const std::exception& e) {
+      throw Napi::Error::New(info.Env(), e.what());
+    }
+  }));
+  exports.Set("measureRooflines", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    auto* worker = new RooflineWorker(info.Env());
+    Napi::Promise p = worker->promise();
+    worker->Queue();
+    return p;
+  }));
+  exports.Set("cpuFeatures", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    const CpuFeatures& f = cpuFeatures();
+    Napi::Object r = Napi::Object::New(info.Env());
+    r.Set("avx2", f.avx2);
+    r.Set("avx512", f.avx512);
+    r.Set("avx512bf16", f.avx512bf16);
+    r.Set("amx", f.amx);
+    return r;
   }));
   return exports;
 }

@@ -1,6 +1,11 @@
 // Instruction-set specific inner loops, selected once at start-up.
 // Each ISA file compiles its loops under its own `#pragma GCC target`, so the
 // rest of the addon is plain x86-64 and runs on any CPU.
+//
+// Two compute modes share this table. float32: activations stay fp32 and
+// weights are widened exactly (`matmul`). bfloat16: activations are rounded to
+// bf16 at each matmul's input, weights are bf16, products accumulate in fp32
+// (`matmulBf16`), as transformers computes a bf16 model.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,18 +24,38 @@ constexpr int kPackCols = 4;
 // stored dtype (no widening), zero-padded to whole groups and chunks. A
 // kernel tile then reads one contiguous stream, which is what lets a single
 // decode sequence run at the memory's bandwidth.
+//
+// bfloat16 mode packs every matrix instead as bf16 pair tiles (`pairTiles`):
+// [Np/16][Kp/32][16 pairs][16 columns][2], element (n, k) at pair k/2 of its
+// tile, column n % 16, half k % 2. One tile (1 KiB) is exactly an AMX B tile,
+// and one 64-byte row of it is one vdpbf16ps operand: 16 columns × 1 pair.
 struct PackedMatrix {
   const void* data = nullptr;
   DType dtype = DType::F32;
   int N = 0, K = 0;    // logical shape
-  int Np = 0, Kp = 0;  // padded to kPackCols and to the chunk length
+  int Np = 0, Kp = 0;  // padded to kPackCols and to the chunk length (pair tiles: to kTileCols, kTileK)
+  bool pairTiles = false;
 };
+
+// A bf16 pair tile: 16 output columns × 32 inputs.
+constexpr int kTileCols = 16;
+constexpr int kTileK = 32;
 
 // y[t, n] = sum_k x[t, k] * w[n, k] for the column groups [g0, g1), all rows
 // t < T. `xp` holds the rows packed by packActivations. Every output element
 // is reduced in the same order whatever T is: a sequence's results do not
 // depend on its batch.
 using MatmulFn = void (*)(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
+// bfloat16 mode: y[t, n] = sum_k x[t, k] * w[n, k] for the column tiles [g0, g1)
+// (16 columns each), all rows t < T; `xp` holds the rows rounded to bf16 (T × Kp,
+// natural order). Every kernel set but AMX reduces each output in pair order:
+// for each pair p in turn, acc += x[2p+1]·w[2p+1], then acc += x[2p]·w[2p], each an
+// fp32 FMA (a bf16 product is exact in fp32) — what one vdpbf16ps lane does, so
+// these sets agree bit for bit (denormals aside: vdpbf16ps flushes them). AMX
+// reduces in tile order: per 32-input tile, even and odd inputs each chained
+// by FMAs, then acc += (even + odd) — what TDPBF16PS does on the CPUs we have
+// measured. Either way the order is fixed per output: batch-invariant.
+using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
 // y[i] += alpha * x[i]
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
@@ -62,19 +87,36 @@ struct Kernels {
   ExpSumFn expSum;
   ScoresFn scores;
   WeightedSumFn weightedSum;
+  MatmulBf16Fn matmulBf16;
+  // Whether matmulBf16 runs on bf16 hardware (vdpbf16ps or AMX) rather than
+  // emulating it with fp32 FMAs: `--dtype auto` picks bfloat16 only then.
+  bool bf16Hardware;
 };
 
+const Kernels& kernelsAmx();
+const Kernels& kernelsAvx512Bf16();
 const Kernels& kernelsAvx512();
 const Kernels& kernelsAvx2();
 const Kernels& kernelsScalar();
 
-// The kernels in use: AVX-512 when the CPU has it, else AVX2, else scalar.
-// WEFT_ISA=avx2|scalar|avx512 forces one (an unsupported choice is refused).
+// The kernels in use: the best of AMX, AVX512_BF16, AVX-512, AVX2 and scalar
+// that the CPU (and, for AMX, the kernel) allows. The four vector sets share
+// the AVX-512 fp32 loops where they have AVX-512. WEFT_ISA=amx|avx512bf16|
+// avx512|avx2|scalar forces one (an unsupported choice is refused).
 const Kernels& activeKernels();
+
+// The CPU features behind the choice (CPUID, and AMX tile permission granted by Linux).
+struct CpuFeatures {
+  bool avx2, avx512, avx512bf16, amx;
+};
+const CpuFeatures& cpuFeatures();
 
 // Rows of x (T × K) → the layout the kernels read (T × Kp): for bf16 weights
 // each chunk holds its even elements then its odd ones; otherwise natural order.
 void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weightDtype, float* out);
+
+// Rows of x (T × K) rounded to bf16 (nearest even) → T × Kp, zero padded.
+void packActivationsBf16(const float* x, int T, int K, int Kp, uint16_t* out);
 
 // Where element k of an activation row sits in that packed layout.
 inline int packedIndex(int k, int chunk, DType weightDtype) {
@@ -90,5 +132,13 @@ inline float bf16ToF32(uint16_t h) {
   return f;
 }
 float f16ToF32(uint16_t h);
+// Nearest-even rounding, as torch's .to(bfloat16); NaN stays NaN.
+inline uint16_t f32ToBf16(float f) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, 4);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
 
 }  // namespace weft

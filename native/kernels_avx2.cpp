@@ -85,6 +85,52 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
+// bfloat16 mode, pair order (see MatmulBf16Fn), by fp32 FMAs on widened values:
+// R rows × one 16-column tile; a 64-byte row of the tile (one input pair of 16
+// columns) is split into its odd and even halves, each widened exactly.
+template <int R>
+inline void tileBf16(const uint16_t* xp, int T0, const PackedMatrix& w, int g, float* y) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
+  const __m256i hiMask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int p = 0; p < w.Kp / 2; p++) {
+    __m256 odd[2], even[2];
+    for (int h = 0; h < 2; h++) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + static_cast<size_t>(p) * 2 * kTileCols + 16 * h));
+      odd[h] = _mm256_castsi256_ps(_mm256_and_si256(v, hiMask));
+      even[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    for (int r = 0; r < R; r++) {
+      const uint16_t* x = xp + static_cast<size_t>(T0 + r) * w.Kp + 2 * p;
+      const __m256 xo = _mm256_set1_ps(bf16ToF32(x[1])), xe = _mm256_set1_ps(bf16ToF32(x[0]));
+      for (int h = 0; h < 2; h++) {
+        acc[r][h] = _mm256_fmadd_ps(xo, odd[h], acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(xe, even[h], acc[r][h]);
+      }
+    }
+  }
+  const int cols = w.N - g * kTileCols < kTileCols ? w.N - g * kTileCols : kTileCols;
+  for (int r = 0; r < R; r++) {
+    alignas(32) float out[kTileCols];
+    _mm256_store_ps(out, acc[r][0]);
+    _mm256_store_ps(out + 8, acc[r][1]);
+    for (int c = 0; c < cols; c++) y[static_cast<size_t>(T0 + r) * w.N + g * kTileCols + c] = out[c];
+  }
+}
+
+void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  constexpr int kRowBlock = 64;
+  for (int tb = 0; tb < T; tb += kRowBlock) {
+    const int te = tb + kRowBlock < T ? tb + kRowBlock : T;
+    for (int g = g0; g < g1; g++) {
+      int t = tb;
+      for (; t + 3 <= te; t += 3) tileBf16<3>(xp, t, w, g, y);
+      for (; t < te; t++) tileBf16<1>(xp, t, w, g, y);
+    }
+  }
+}
+
 void axpy(float alpha, const float* x, float* y, int n) {
   __m256 av = _mm256_set1_ps(alpha);
   int nv = n & ~7;
@@ -173,7 +219,7 @@ void weightedSum(const float* const* ps, const int* ns, int nq, const float* con
 }  // namespace
 
 const Kernels& kernelsAvx2() {
-  static const Kernels k{"avx2", L, matmul, axpy, siluMul, expSum, scores, weightedSum};
+  static const Kernels k{"avx2", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};
   return k;
 }
 

@@ -85,6 +85,55 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
+// bfloat16 mode, pair order (see MatmulBf16Fn), by fp32 FMAs on widened values:
+// R rows × C 16-column tiles; a 64-byte row of a tile (one input pair of 16
+// columns) is split into its odd and even halves, each widened exactly.
+template <int R, int C>
+inline void tileBf16(const uint16_t* xp, int T0, const PackedMatrix& w, int g, float* y) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+  const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
+  const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols;
+  const __m512i hiMask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int p = 0; p < w.Kp / 2; p++) {
+    __m512 odd[C], even[C];
+    for (int c = 0; c < C; c++) {
+      const __m512i v = _mm512_loadu_si512(wg + c * tileStride + static_cast<size_t>(p) * 2 * kTileCols);
+      odd[c] = _mm512_castsi512_ps(_mm512_and_si512(v, hiMask));
+      even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    for (int r = 0; r < R; r++) {
+      const uint16_t* x = xp + static_cast<size_t>(T0 + r) * w.Kp + 2 * p;
+      const __m512 xo = _mm512_set1_ps(bf16ToF32(x[1])), xe = _mm512_set1_ps(bf16ToF32(x[0]));
+      for (int c = 0; c < C; c++) {
+        acc[r][c] = _mm512_fmadd_ps(xo, odd[c], acc[r][c]);
+        acc[r][c] = _mm512_fmadd_ps(xe, even[c], acc[r][c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; c++) {
+    const int cols = w.N - (g + c) * kTileCols;
+    const __mmask16 m = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + static_cast<size_t>(T0 + r) * w.N + (g + c) * kTileCols, m, acc[r][c]);
+  }
+}
+
+void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  constexpr int kRowBlock = 64;
+  for (int tb = 0; tb < T; tb += kRowBlock) {
+    const int te = tb + kRowBlock < T ? tb + kRowBlock : T;
+    int g = g0;
+    for (; g + 2 <= g1; g += 2) {
+      int t = tb;
+      for (; t + 4 <= te; t += 4) tileBf16<4, 2>(xp, t, w, g, y);
+      for (; t < te; t++) tileBf16<1, 2>(xp, t, w, g, y);
+    }
+    for (; g < g1; g++)
+      for (int t = tb; t < te; t++) tileBf16<1, 1>(xp, t, w, g, y);
+  }
+}
+
 void axpy(float alpha, const float* x, float* y, int n) {
   __m512 av = _mm512_set1_ps(alpha);
   for (int i = 0; i < n; i += 16) {
@@ -203,7 +252,7 @@ void scores(const float* const* qs, int nq, const float* kt, int stride, int hd,
 }  // namespace
 
 const Kernels& kernelsAvx512() {
-  static const Kernels k{"avx512", L, matmul, axpy, siluMul, expSum, scores, weightedSum};
+  static const Kernels k{"avx512", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};
   return k;
 }
 

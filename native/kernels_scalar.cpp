@@ -5,6 +5,9 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "kernels.h"
 
 namespace weft {
@@ -62,6 +65,24 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
       }
 }
 
+// Pair order (see MatmulBf16Fn), one output at a time.
+void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  const auto* wd = static_cast<const uint16_t*>(w.data);
+  const int tiles = w.Kp / kTileK;
+  for (int t = 0; t < T; t++)
+    for (int g = g0; g < g1; g++)
+      for (int c = 0; c < kTileCols && g * kTileCols + c < w.N; c++) {
+        const uint16_t* x = xp + static_cast<size_t>(t) * w.Kp;
+        float acc = 0.0f;
+        for (int p = 0; p < w.Kp / 2; p++) {
+          const uint16_t* pair = wd + ((static_cast<size_t>(g) * tiles + p / 16) * 16 + p % 16) * kTileCols * 2 + c * 2;
+          acc = std::fma(bf16ToF32(x[2 * p + 1]), bf16ToF32(pair[1]), acc);
+          acc = std::fma(bf16ToF32(x[2 * p]), bf16ToF32(pair[0]), acc);
+        }
+        y[static_cast<size_t>(t) * w.N + g * kTileCols + c] = acc;
+      }
+}
+
 void axpy(float alpha, const float* x, float* y, int n) {
   for (int i = 0; i < n; i++) y[i] += alpha * x[i];
 }
@@ -93,23 +114,46 @@ void weightedSum(const float* const* ps, const int* ns, int nq, const float* con
   }
 }
 
-const Kernels& select() {
+// Linux grants AMX tile state only on request (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA).
+bool requestAmx() {
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+
+CpuFeatures detect() {
   __builtin_cpu_init();
-  bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl");
-  bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  CpuFeatures f{};
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool leaf7 = __get_cpuid_count(7, 0, &a, &b, &c, &d);
+  const bool amxBf16 = leaf7 && (d >> 22 & 1) && (d >> 24 & 1);  // AMX-BF16, AMX-TILE
+  const bool bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);  // AVX512_BF16
+  f.avx512bf16 = f.avx512 && bf16;
+  f.amx = f.avx512bf16 && amxBf16 && requestAmx();
+  return f;
+}
+
+const Kernels& select() {
+  const CpuFeatures& f = cpuFeatures();
   const char* forced = std::getenv("WEFT_ISA");
-  std::string want = forced ? forced : "";
-  if (want == "scalar") return kernelsScalar();
-  if (want == "avx2") {
-    if (!has2) throw std::runtime_error("WEFT_ISA=avx2 but this CPU lacks AVX2/FMA/F16C");
-    return kernelsAvx2();
+  const std::string want = forced ? forced : "";
+  struct Choice { const char* name; bool ok; const Kernels& (*kernels)(); const char* lack; };
+  const Choice choices[] = {
+      {"amx", f.amx, kernelsAmx, "AMX-BF16 (or Linux refused the tile permission)"},
+      {"avx512bf16", f.avx512bf16, kernelsAvx512Bf16, "AVX512_BF16"},
+      {"avx512", f.avx512, kernelsAvx512, "AVX-512"},
+      {"avx2", f.avx2, kernelsAvx2, "AVX2/FMA/F16C"},
+      {"scalar", true, kernelsScalar, ""},
+  };
+  for (const Choice& c : choices) {
+    if (want.empty() && c.ok) return c.kernels();
+    if (want == c.name) {
+      if (!c.ok) throw std::runtime_error("WEFT_ISA=" + want + " but this CPU lacks " + c.lack);
+      return c.kernels();
+    }
   }
-  if (want == "avx512" && !has512) throw std::runtime_error("WEFT_ISA=avx512 but this CPU lacks AVX-512");
-  if (!want.empty() && want != "avx512") throw std::runtime_error("WEFT_ISA must be avx512, avx2 or scalar");
-  if (has512) return kernelsAvx512();
-  if (has2) return kernelsAvx2();
-  return kernelsScalar();
+  throw std::runtime_error("WEFT_ISA must be amx, avx512bf16, avx512, avx2 or scalar");
 }
 
 }  // namespace
@@ -123,9 +167,24 @@ void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weig
   }
 }
 
+void packActivationsBf16(const float* x, int T, int K, int Kp, uint16_t* out) {
+#pragma omp parallel for if (T > 8)
+  for (int t = 0; t < T; t++) {
+    const float* xr = x + static_cast<size_t>(t) * K;
+    uint16_t* o = out + static_cast<size_t>(t) * Kp;
+    for (int k = 0; k < K; k++) o[k] = f32ToBf16(xr[k]);
+    std::fill(o + K, o + Kp, static_cast<uint16_t>(0));
+  }
+}
+
 const Kernels& kernelsScalar() {
-  static const Kernels k{"scalar", L, matmul, axpy, siluMul, expSum, scores, weightedSum};
+  static const Kernels k{"scalar", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};
   return k;
+}
+
+const CpuFeatures& cpuFeatures() {
+  static const CpuFeatures f = detect();
+  return f;
 }
 
 const Kernels& activeKernels() {

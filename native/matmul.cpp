@@ -24,6 +24,23 @@ void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& 
   }
 }
 
+void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<uint16_t>& scratch) {
+  if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
+  packActivationsBf16(x, T, w.K, w.Kp, scratch.data());
+  matmulPackedBf16(k, scratch.data(), T, w, y);
+}
+
+void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y) {
+  const int tiles = w.Np / kTileCols;
+#pragma omp parallel
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int g0 = static_cast<int>(static_cast<long>(tiles) * id / nt);
+    int g1 = static_cast<int>(static_cast<long>(tiles) * (id + 1) / nt);
+    if (g0 < g1) k.matmulBf16(xp, T, w, y, g0, g1);
+  }
+}
+
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out) {
   if (out.size() < static_cast<size_t>(T) * w.Kp) out.resize(static_cast<size_t>(T) * w.Kp);
 #pragma omp parallel for if (T > 8)

@@ -39,14 +39,13 @@ class Timer {
 
 Model::Model(ModelConfig config, Weights weights)
     : cfg_(std::move(config)), w_(std::move(weights)), k_(activeKernels()) {
-  const int chunk = k_.chunk;
+  auto pack = [this](const Tensor& t) { return cfg_.bf16 ? store_.packPairTiles(t) : store_.pack(t, k_.chunk); };
   for (const LayerWeights& L : w_.layers) {
-    packed_.push_back({store_.pack(L.wq, chunk), store_.pack(L.wk, chunk), store_.pack(L.wv, chunk), store_.pack(L.wo, chunk),
-                       store_.pack(L.gate, chunk), store_.pack(L.up, chunk), store_.pack(L.down, chunk),
+    packed_.push_back({pack(L.wq), pack(L.wk), pack(L.wv), pack(L.wo), pack(L.gate), pack(L.up), pack(L.down),
                        widen(L.attnNorm), widen(L.mlpNorm), widen(L.qNorm), widen(L.kNorm), widen(L.bq), widen(L.bk), widen(L.bv)});
     for (const Tensor* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) releasePages(*t);
   }
-  lmHead_ = store_.pack(w_.lmHead, chunk);
+  lmHead_ = pack(w_.lmHead);
   finalNorm_ = widen(w_.finalNorm);
   if (w_.lmHead.data != w_.embed.data) releasePages(w_.lmHead);  // a tied head is still the embedding table
   size_t perLayer = static_cast<size_t>(cfg_.numBlocks) * cfg_.blockSize * cfg_.kvHeads * cfg_.headDim;
@@ -109,16 +108,32 @@ Profile Model::takeProfile() {
   return p;
 }
 
+void Model::project(const float* x, int T, const PackedMatrix& w, float* y) {
+  if (w.pairTiles) matmulBf16(k_, x, T, w, y, xbf16_);
+  else matmulParallel(k_, x, T, w, y, xpack_);
+}
+
 void Model::linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y) {
   {
     Timer t(profile_.matmul);
-    matmulParallel(k_, x, T, w, y, xpack_);
+    project(x, T, w, y);
   }
   addBias(y, T, bias);
 }
 
 void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T) {
   const PackedMatrix& first = *outs.begin()->w;
+  if (cfg_.bf16) {  // normalized in fp32, rounded to bf16 once for all the projections (they share K)
+    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
+    if (xbf16_.size() < static_cast<size_t>(T) * first.Kp) xbf16_.resize(static_cast<size_t>(T) * first.Kp);
+    packActivationsBf16(xn_.data(), T, cfg_.hidden, first.Kp, xbf16_.data());
+    for (const Projection& p : outs) {
+      Timer t(profile_.matmul);
+      matmulPackedBf16(k_, xbf16_.data(), T, *p.w, p.y);
+      addBias(p.y, T, *p.bias);
+    }
+    return;
+  }
   bool shared = true;  // one packing serves all when the matrices agree on layout
   for (const Projection& p : outs) shared = shared && p.w->Kp == first.Kp && p.w->dtype == first.dtype;
   if (!shared) {
@@ -226,7 +241,7 @@ StepOutput Model::step(const StepInput& in) {
   rmsnorm(rows, finalNorm_.data(), rows, S, H, cfg_.rmsEps);
   if (S > 0) {
     Timer t(profile_.lmHead);
-    matmulParallel(k_, rows, S, lmHead_, logits_.data(), xpack_);
+    project(rows, S, lmHead_, logits_.data());
   }
   const auto sampleStart = std::chrono::steady_clock::now();
 

@@ -16,6 +16,9 @@ struct ModelConfig {
   float attentionScaling = 1.0f;  // rope "attention_factor"; 1 for default and llama3
   std::vector<float> invFreq;     // (headDim / 2) rope inverse frequencies, scaling applied
   int numBlocks = 0, blockSize = 32;
+  // Compute mode: false = float32 (the exact reference path); true = bfloat16, every
+  // linear layer's input rounded to bf16 and its weights held as bf16 pair tiles.
+  bool bf16 = false;
 };
 
 // One forward step over a flat, variable-length batch (see src/runtime/native.ts).
@@ -65,6 +68,8 @@ class Model {
   void validate(const StepInput& in) const;
   void layer(int l, const StepInput& in);
   void linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y);
+  // y = x · wᵀ in the model's compute mode (timed by the caller).
+  void project(const float* x, int T, const PackedMatrix& w, float* y);
   // Several projections of one normalized input: RMSNorm packs it once for all of them.
   struct Projection {
     const PackedMatrix* w;
@@ -103,6 +108,7 @@ class Model {
   float* kCache_ = nullptr;
   float* vCache_ = nullptr;
   // Activations, grown to the largest step seen and reused.
+  std::vector<uint16_t> xbf16_;  // bfloat16 mode: a matmul's input rows rounded
   std::vector<float> rows_, logits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
 };
 

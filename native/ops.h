@@ -14,6 +14,12 @@ void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix&
 // y = xp · wᵀ for activations already in the kernel layout (see packActivations).
 void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& w, float* y);
 
+// bfloat16 mode (w in pair tiles): the rows of x rounded to bf16 into `scratch`, then y = x · wᵀ.
+void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<uint16_t>& scratch);
+
+// y = xp · wᵀ for bf16 rows already rounded (see packActivationsBf16), split across threads by column tiles.
+void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y);
+
 // RMSNorm written straight into the kernel layout of matrices like `w`:
 // normalizing and packing the activations in one pass (shared by q/k/v, gate/up).
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out);

@@ -126,7 +126,7 @@ int sampleFromCandidates(const float* logits, const SamplingParams& p, std::vect
     n = static_cast<int>(cand.size());
     total = cum;
   }
-  double r = uniform(static_cast<uint64_t>(p.seed), p.counter) * total, acc = 0;
+  double r = uniform(p.seed, p.counter) * total, acc = 0;
   for (int i = 0; i < n; i++) {
     acc += prob[i];
     if (r < acc) return cand[i];
@@ -146,8 +146,6 @@ const char* samplingError(const SamplingParams& p) {
   if (!std::isfinite(p.presencePenalty)) return "invalid sampling parameters: presence_penalty must be finite";
   if (!std::isfinite(p.frequencyPenalty)) return "invalid sampling parameters: frequency_penalty must be finite";
   if (p.numLogprobs > 1000) return "invalid sampling parameters: logprobs must be at most 1000";
-  if (!(p.seed >= 0 && p.seed < 0x1p53 && p.seed == std::floor(p.seed)))
-    return "invalid sampling parameters: seed must be an integer in [0, 2^53)";
   return nullptr;
 }
 
@@ -161,13 +159,18 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   scratch.assign(logits, logits + vocab);
   const float lse = maxLogit + std::log(k.expSum(scratch.data(), vocab, maxLogit));
 
-  // Penalties change a copy; without them the raw logits are sampled directly.
+  // Biases and penalties change a copy; without them the raw logits are sampled directly.
   const float* work = logits;
-  if (p.repetitionPenalty != 1.0f || p.presencePenalty != 0.0f || p.frequencyPenalty != 0.0f) {
+  const bool penalised = p.repetitionPenalty != 1.0f || p.presencePenalty != 0.0f || p.frequencyPenalty != 0.0f;
+  if (penalised || !p.bias.empty()) {
     scratch.assign(logits, logits + vocab);
+    for (const auto& [id, value] : p.bias) {
+      if (id < 0 || id >= vocab) return failed("a logit_bias token id is outside the vocabulary");
+      scratch[id] += value;
+    }
     std::vector<int> counts;
-    applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
-    if (!samplable(scratch.data(), vocab)) return failed("the penalties overflowed the logits to NaN or infinity");
+    if (penalised) applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
+    if (!samplable(scratch.data(), vocab)) return failed("the biases or penalties left no token to sample");
     work = scratch.data();
   }
 

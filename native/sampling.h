@@ -2,6 +2,7 @@
 // seeded randomness and top-N log-probs.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace weft {
@@ -14,9 +15,12 @@ struct SamplingParams {
   float repetitionPenalty = 1.0f;
   float presencePenalty = 0.0f;
   float frequencyPenalty = 0.0f;
-  double seed = 0;           // an integer below 2^53, as JS numbers carry it
+  uint64_t seed = 0;
   uint32_t counter = 0;      // index of the token being sampled in its request: the RNG stream position
   int numLogprobs = 0;
+  // (token id, value) added to its logit before penalties and sampling (logit_bias; -inf bans a
+  // token, as min_tokens does to EOS). Log-probs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> bias;
 };
 
 struct Sampled {

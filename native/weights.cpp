@@ -35,11 +35,7 @@ PackedMatrix PackedStore::pack(const Tensor& t, int chunk) {
   p.Np = (t.rows + kPackCols - 1) / kPackCols * kPackCols;
   p.Kp = (t.cols + chunk - 1) / chunk * chunk;
   const size_t elem = dtypeBytes(t.dtype);
-  const size_t bytes = static_cast<size_t>(p.Np) * p.Kp * elem;
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) throw std::runtime_error("out of memory packing a weight matrix");
-  madvise(mem, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming; zero-filled
-  regions_.push_back({mem, bytes});
+  void* mem = reserve(static_cast<size_t>(p.Np) * p.Kp * elem);
   const auto* src = static_cast<const unsigned char*>(t.data);
   auto* dst = static_cast<unsigned char*>(mem);
   const int chunks = p.Kp / chunk;
@@ -56,6 +52,37 @@ PackedMatrix PackedStore::pack(const Tensor& t, int chunk) {
   }
   p.data = mem;
   return p;
+}
+
+PackedMatrix PackedStore::packPairTiles(const Tensor& t) {
+  PackedMatrix p;
+  p.dtype = DType::BF16;
+  p.pairTiles = true;
+  p.N = t.rows;
+  p.K = t.cols;
+  p.Np = (t.rows + kTileCols - 1) / kTileCols * kTileCols;
+  p.Kp = (t.cols + kTileK - 1) / kTileK * kTileK;
+  auto* dst = static_cast<uint16_t*>(reserve(static_cast<size_t>(p.Np) * p.Kp * 2));
+  // Column tile g = n / 16 holds its Kp / 2 input pairs in order, each as 16 columns × 2 halves.
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < p.N; n++) {
+    uint16_t* col = dst + static_cast<size_t>(n / kTileCols) * p.Kp * kTileCols + (n % kTileCols) * 2;
+    const size_t row = static_cast<size_t>(n) * p.K;
+    for (int k = 0; k < p.K; k++) {
+      const uint16_t v = t.dtype == DType::BF16 ? static_cast<const uint16_t*>(t.data)[row + k] : f32ToBf16(t.at(row + k));
+      col[static_cast<size_t>(k / 2) * 2 * kTileCols + k % 2] = v;
+    }
+  }
+  p.data = dst;
+  return p;
+}
+
+void* PackedStore::reserve(size_t bytes) {
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("out of memory packing a weight matrix");
+  madvise(mem, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming; zero-filled
+  regions_.push_back({mem, bytes});
+  return mem;
 }
 
 void releasePages(const Tensor& t) {

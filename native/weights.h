@@ -42,10 +42,13 @@ class PackedStore {
   ~PackedStore();
   // Repacks `t` (N × K) into kernel-tile order, in its own dtype.
   PackedMatrix pack(const Tensor& t, int chunk);
+  // Repacks `t` into bf16 pair tiles (bfloat16 mode), rounding f32/f16 weights to bf16 as transformers does.
+  PackedMatrix packPairTiles(const Tensor& t);
 
  private:
   struct Region { void* addr; size_t size; };
   std::vector<Region> regions_;
+  void* reserve(size_t bytes);
 };
 
 // Gives a tensor's whole pages back to the kernel (it will not be read again).

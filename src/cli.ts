@@ -1,13 +1,15 @@
 #!/usr/bin/env node
 /** weft: serve | generate | make-model | bench | keys */
-import { Command, InvalidArgumentError } from "commander";
+import { Command, InvalidArgumentError, Option } from "commander";
 import { generate } from "./commands/generate.js";
 import { makeModel, type WeightDType } from "./model/make-model.js";
 import { PRESETS } from "./model/presets.js";
 import { serve, type ServeOptions } from "./commands/serve.js";
 import { keysCommand } from "./commands/keys.js";
+import { batchesCommand } from "./commands/batches.js";
 import { DEFAULT_DB_PATH } from "./store/database.js";
 import { DEFAULT_HTTP_LIMITS } from "./server/http-limits.js";
+import { REASONING_PARSERS, TOOL_CALL_PARSERS } from "./server/chat-settings.js";
 import { DEFAULT_ENGINE_CONFIG, ENGINE_FLAGS, engineConfigFromOptions } from "./engine/engine-config.js";
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
@@ -47,6 +49,12 @@ export function listArg(name: string): (v: string, all: string[]) => string[] {
   };
 }
 
+/** `--dtype`, as the engine flag table defines it. */
+function dtypeOption(): Option {
+  const f = ENGINE_FLAGS.find((e) => e.key === "dtype")!;
+  return new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG.dtype);
+}
+
 const program = new Command("weft").description("OpenAI-compatible LLM inference server with continuous batching");
 
 program
@@ -64,6 +72,7 @@ program
   .option("--logprobs <k>", "report top-k log-probs per token", intArg("--logprobs"))
   .option("--ignore-eos", "keep generating past EOS")
   .option("--json", "print one JSON object")
+  .addOption(dtypeOption())
   .action(generate);
 
 program
@@ -103,15 +112,22 @@ const serveCommand = program
   .option("--header-timeout <s>", "seconds a client has to send a request's headers (408 after)", numArg("--header-timeout"), DEFAULT_HTTP_LIMITS.headersTimeoutMs / 1000)
   .option("--request-timeout <s>", "seconds a client has to send a whole request, body included (408 after)", numArg("--request-timeout"), DEFAULT_HTTP_LIMITS.requestTimeoutMs / 1000)
   .option("--keep-alive-timeout <s>", "seconds an idle kept-alive connection stays open; keep it above your proxy's idle timeout", numArg("--keep-alive-timeout"), DEFAULT_HTTP_LIMITS.keepAliveTimeoutMs / 1000)
-  .option("--max-connections <n>", "open connections served; a request on one beyond them gets 503 (0: no cap)", intArg("--max-connections"), DEFAULT_HTTP_LIMITS.maxConnections);
+  .option("--max-connections <n>", "open connections served; a request on one beyond them gets 503 (0: no cap)", intArg("--max-connections"), DEFAULT_HTTP_LIMITS.maxConnections)
+  .option("--chat-template <file>", "a Jinja chat template used instead of every model's own")
+  .addOption(new Option("--reasoning-parser <name>", "split <think> blocks into reasoning_content: auto (when the chat template thinks), none, or always").choices(REASONING_PARSERS).default("auto"))
+  .addOption(new Option("--tool-call-parser <name>", "how tool calls are read from model output: auto (from the chat template) or a family's format").choices(TOOL_CALL_PARSERS).default("auto"))
+  .option("--data-dir <dir>", "where batch input and output files are kept (default: a files/ folder next to --db)")
+  .option("--max-batch-file-bytes <bytes>", "largest file accepted by POST /v1/files", intArg("--max-batch-file-bytes", 1), 200 * 2 ** 20);
 // Engine knobs: one table (src/engine/engine-config.ts) gives the flags and the config object.
 for (const f of ENGINE_FLAGS) {
   if (f.kind === "negatable") serveCommand.option(f.flag, f.description);
+  else if (f.kind === "choice") serveCommand.addOption(new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG[f.key]));
   else serveCommand.option(f.flag, f.description, f.kind === "int" ? intArg(f.flag.split(" ")[0]!, f.min) : numArg(f.flag.split(" ")[0]!), DEFAULT_ENGINE_CONFIG[f.key] as number);
 }
 serveCommand.action((o: Omit<ServeOptions, "engine">) => serve({ ...o, engine: engineConfigFromOptions(o as unknown as Record<string, unknown>) }));
 
 program.addCommand(keysCommand());
+program.addCommand(batchesCommand());
 
 
 program
@@ -141,6 +157,7 @@ bench
   .option("--kv-cache-memory <bytes>", "KV cache bytes", intArg("--kv-cache-memory", 1))
   .option("--max-num-batched-tokens <n>", "tokens per step", intArg("--max-num-batched-tokens", 1))
   .option("--json <file>", "write the results as JSON")
+  .addOption(dtypeOption())
   .action(async (o: OfflineBenchOptions) => {
     if (o.mode !== "sweep" && o.mode !== "compare") throw new InvalidArgumentError("--mode must be sweep or compare");
     await offlineBench(o);
@@ -168,6 +185,7 @@ bench
   .option("--context <n>", "cached tokens per decoding sequence", intArg("--context"), 128)
   .option("--prefill <n>", "prompt tokens of the prefill case (0: skip)", intArg("--prefill"), 512)
   .option("--steps <n>", "decode steps per case", intArg("--steps", 1), 8)
+  .addOption(dtypeOption())
   .action(printProfile);
 bench
   .command("peer")

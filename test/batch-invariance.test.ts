@@ -1,4 +1,7 @@
-/** A sequence's logits and samples do not depend on its batch, its block placement or its prefill chunking. */
+/**
+ * A sequence's logits and samples do not depend on its batch, its block placement or its prefill
+ * chunking, in both compute modes (bfloat16 on the default kernels: AMX tiles where the CPU has them).
+ */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
@@ -9,7 +12,10 @@ import { defaultSamplingParams } from "../src/engine/sampling-params.js";
 
 const BLOCK = 8;
 const ckpt = loadCheckpoint(path.join(FIXTURES, "tiny-qwen3"));
-const runner = await ModelRunner.create(ckpt, { numBlocks: 512, blockSize: BLOCK });
+const runners = {
+  float32: await ModelRunner.create(ckpt, { numBlocks: 512, blockSize: BLOCK }, "float32"),
+  bfloat16: await ModelRunner.create(ckpt, { numBlocks: 512, blockSize: BLOCK }, "bfloat16"),
+};
 const V = ckpt.config.vocab;
 
 function prng(seed: number): () => number {
@@ -48,7 +54,7 @@ function fillers(n: number): RunnerSequence[] {
   });
 }
 
-async function runTarget(others: number, chunk = PROMPT.length): Promise<{ logits: Float32Array[]; tokens: number[] }> {
+async function runTarget(runner: ModelRunner, others: number, chunk = PROMPT.length): Promise<{ logits: Float32Array[]; tokens: number[] }> {
   const logits: Float32Array[] = [];
   const tokens: number[] = [];
   // Prefill in chunks, then two decode steps; fillers ride along on every step.
@@ -75,31 +81,34 @@ async function runTarget(others: number, chunk = PROMPT.length): Promise<{ logit
   return { logits, tokens };
 }
 
-test("logits and samples are bit-identical alone and in batches of 2, 8 and 32", async () => {
-  const alone = await runTarget(0);
-  for (const others of [1, 7, 31]) {
-    const batched = await runTarget(others);
-    assert.deepEqual(batched.tokens, alone.tokens, `tokens with ${others} others`);
-    batched.logits.forEach((l, i) => assert.ok(Buffer.compare(Buffer.from(l.buffer), Buffer.from(alone.logits[i]!.buffer)) === 0, `step ${i} logits differ with ${others} others`));
-  }
-});
+for (const [dtype, runner] of Object.entries(runners)) {
+  test(`${dtype}: logits and samples are bit-identical alone and in batches of 2, 8 and 32`, async () => {
+    const alone = await runTarget(runner, 0);
+    for (const others of [1, 7, 31]) {
+      const batched = await runTarget(runner, others);
+      assert.deepEqual(batched.tokens, alone.tokens, `tokens with ${others} others`);
+      batched.logits.forEach((l, i) => assert.ok(Buffer.compare(Buffer.from(l.buffer), Buffer.from(alone.logits[i]!.buffer)) === 0, `step ${i} logits differ with ${others} others`));
+    }
+  });
 
-test("chunked prefill (chunks of 1, 7, 32) gives the same logits as one step", async () => {
-  const whole = await runTarget(0);
-  const finalRows = (r: { logits: Float32Array[] }): Float32Array[] => r.logits.slice(-2);
-  for (const chunk of [1, 7, 32]) {
-    const chunked = await runTarget(3, chunk);
-    assert.deepEqual(chunked.tokens, whole.tokens, `tokens with chunk ${chunk}`);
-    // Every prompt row's logits, reassembled from the chunks.
-    const rows = Buffer.concat(chunked.logits.slice(0, -2).map((l) => Buffer.from(l.buffer)));
-    assert.equal(Buffer.compare(rows, Buffer.from(whole.logits[0]!.buffer)), 0, `prefill logits differ with chunk ${chunk}`);
-    finalRows(chunked).forEach((l, i) => assert.equal(Buffer.compare(Buffer.from(l.buffer), Buffer.from(finalRows(whole)[i]!.buffer)), 0));
-  }
-});
+  test(`${dtype}: chunked prefill (chunks of 1, 7, 32) gives the same logits as one step`, async () => {
+    const whole = await runTarget(runner, 0);
+    const finalRows = (r: { logits: Float32Array[] }): Float32Array[] => r.logits.slice(-2);
+    for (const chunk of [1, 7, 32]) {
+      const chunked = await runTarget(runner, 3, chunk);
+      assert.deepEqual(chunked.tokens, whole.tokens, `tokens with chunk ${chunk}`);
+      // Every prompt row's logits, reassembled from the chunks.
+      const rows = Buffer.concat(chunked.logits.slice(0, -2).map((l) => Buffer.from(l.buffer)));
+      assert.equal(Buffer.compare(rows, Buffer.from(whole.logits[0]!.buffer)), 0, `prefill logits differ with chunk ${chunk}`);
+      finalRows(chunked).forEach((l, i) => assert.equal(Buffer.compare(Buffer.from(l.buffer), Buffer.from(finalRows(whole)[i]!.buffer)), 0));
+    }
+  });
+}
 
 test("seeded sampling repeats across runs; other seeds differ", async () => {
-  const a = await runTarget(5);
-  const b = await runTarget(0);
+  const runner = runners.float32;
+  const a = await runTarget(runner, 5);
+  const b = await runTarget(runner, 0);
   assert.deepEqual(a.tokens, b.tokens);
   const seq = (seed: number): RunnerSequence => ({
     tokenIds: PROMPT, startPosition: 0, blockTable: TARGET_BLOCKS,
@@ -114,6 +123,7 @@ test("seeded sampling repeats across runs; other seeds differ", async () => {
 });
 
 test("a second step while one is in flight is rejected, and bad input rejects without crashing", async () => {
+  const runner = runners.float32;
   const seq: RunnerSequence = { tokenIds: PROMPT, startPosition: 0, blockTable: TARGET_BLOCKS, sample: null, allLogits: true };
   const first = runner.execute([seq]);
   await assert.rejects(runner.execute([seq]), /already running/);

@@ -3,12 +3,13 @@
  * Every request generates exactly `outputLen` tokens (EOS ignored).
  */
 import fs from "node:fs";
-import { createModel, DEFAULT_ENGINE_CONFIG, type LoadedModel } from "../engine/engine-manager.js";
+import { createModel, DEFAULT_ENGINE_CONFIG, type EngineConfig, type LoadedModel } from "../engine/engine-manager.js";
 import { defaultSamplingParams } from "../engine/sampling-params.js";
 import { QUEUE_SHARES } from "../engine/admission.js";
 import { Priority } from "../engine/request.js";
-import { machineInfo, modelInfo } from "./machine.js";
+import { machineInfo, measureRooflines, modelInfo, rooflineShare, type RooflineShare, type Rooflines } from "./machine.js";
 import { attributeStep, speedup, summarize, table, type BenchResult, type RequestTiming, type StepTotals } from "./stats.js";
+import type { ComputeDtype } from "../runtime/native.js";
 import { builtinPrompts, syntheticPrompts } from "./workload.js";
 
 export interface OfflineBenchOptions {
@@ -22,6 +23,8 @@ export interface OfflineBenchOptions {
   json?: string;
   kvCacheMemory?: number;
   maxNumBatchedTokens?: number;
+  /** Compute mode (default: the engine's default, auto). */
+  dtype?: EngineConfig["dtype"];
   /** Print progress and tables (off in tests). */
   quiet?: boolean;
 }
@@ -57,6 +60,11 @@ export async function runLevel(m: LoadedModel, prompts: number[][], outputLen: n
 export interface OfflineBenchReport {
   machine: ReturnType<typeof machineInfo>;
   model: ReturnType<typeof modelInfo>;
+  /** The compute mode the model ran in (`auto` resolved). */
+  dtype: ComputeDtype;
+  /** The machine's limits, measured in this run, and each result's share of the one that binds it. */
+  rooflines: Rooflines;
+  roofline_share: RooflineShare[];
   workload: Record<string, unknown>;
   results: BenchResult[];
   speedup?: number;
@@ -76,6 +84,7 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
     // Every level reruns the same prompts: caching would turn later levels' prefill into cache hits.
     // Only a prefix workload (--prefix-len) measures the cache, within each level.
     enablePrefixCaching: (o.prefixLen ?? 0) > 0,
+    dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype,
   }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
   const vocab = m.checkpoint.config.vocab;
   const prompts = o.promptLen
@@ -83,23 +92,29 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
     : builtinPrompts(o.numPrompts, (t) => (m.tokenizer ? m.tokenizer.encodeChat([{ role: "user", content: t }]) : syntheticPrompts({ numPrompts: 1, promptLen: 16, vocab })[0]!));
   // One short warm-up request: page the weights in and size the buffers outside the timings.
   await runLevel(m, [prompts[0]!.slice(0, 8)], 2, 1, steps);
+  say("measuring the machine's rooflines…");
+  const rooflines = await measureRooflines();
   const results: BenchResult[] = [];
   for (const c of levels) {
     say(`concurrency ${c}: ${prompts.length} requests × ${o.outputLen} tokens…`);
     const { timings, wall } = await runLevel(m, prompts, o.outputLen, c, steps);
     results.push(summarize(c, timings, wall, steps, process.resourceUsage().maxRSS * 1024));
   }
+  const dtype = m.runner.info().dtype;
   const report: OfflineBenchReport = {
-    machine: machineInfo(), model: modelInfo(m.checkpoint),
+    machine: machineInfo(), model: modelInfo(m.checkpoint), dtype, rooflines,
+    roofline_share: results.map((r) => rooflineShare(rooflines, m.checkpoint, dtype, m.runner.info().isa, r)),
     workload: { num_prompts: o.numPrompts, prompt_len: o.promptLen ?? "builtin", output_len: o.outputLen, prefix_len: o.prefixLen ?? 0, mode: o.mode },
     results,
   };
   if (o.mode === "compare") report.speedup = speedup(results[0]!, results[1]!);
   if (!o.quiet) {
-    console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores, kernels ${report.machine.kernels}`);
+    console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores, kernels ${report.machine.kernels}, dtype ${report.dtype}`);
     console.log(`model: ${report.model.architecture} ${report.model.layers} layers, hidden ${report.model.hidden}, ${report.model.weight_dtype}, ${report.model.weight_gb} GB`);
+    console.log(`rooflines: read ${rooflines.read_gb_s} GB/s, fp32 FMA ${rooflines.fp32_gflops} GFLOP/s, bf16 dot ${rooflines.bf16_dot_gflops} GFLOP/s, AMX ${rooflines.amx_gflops} GFLOP/s`);
     console.log(`workload: ${JSON.stringify(report.workload)}`);
     console.log(table(results as unknown as Record<string, unknown>[], RESULT_COLUMNS));
+    console.log(table(report.roofline_share as unknown as Record<string, unknown>[], ["concurrency", "decode_bandwidth_pct", "decode_compute_pct", "prefill_compute_pct"]));
     if (report.speedup !== undefined) console.log(`speedup (all ${o.numPrompts} together vs one at a time, output tok/s): ${report.speedup}×`);
   }
   if (o.json) fs.writeFileSync(o.json, JSON.stringify(report, null, 2));

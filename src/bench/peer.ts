@@ -159,12 +159,12 @@ export async function peerBench(o: PeerOptions): Promise<void> {
   }
   const bestPrefill = Math.max(peerPrefill.f16, peerPrefill.bf16);
   const report = {
-    machine: machineInfo(), model: modelInfo(m.checkpoint),
+    machine: machineInfo(), model: modelInfo(m.checkpoint), dtype: m.runner.info().dtype,
     workload: { prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen, note: "decode tok/s = tokens after each sequence's first / decode-phase time" },
     decode: rows,
     prefill: { weft_tok_s: weftPrefill, llama_cpp_f16_tok_s: Math.round(peerPrefill.f16 * 100) / 100, llama_cpp_bf16_tok_s: Math.round(peerPrefill.bf16 * 100) / 100, ratio: Math.round((weftPrefill / bestPrefill) * 100) / 100 },
   };
-  console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores; Weft kernels ${report.machine.kernels}`);
+  console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores; Weft kernels ${report.machine.kernels}, dtype ${report.dtype}`);
   console.log(`model: ${o.preset} (random weights), ${report.model.weight_dtype}, ${report.model.weight_gb} GB; prompts ${o.promptLen} tokens, ${o.outputLen} generated each`);
   console.log(table(rows, Object.keys(rows[0]!)));
   console.log(`prefill of one ${o.prefillLen}-token prompt: Weft ${weftPrefill} tok/s, llama.cpp f16 ${report.prefill.llama_cpp_f16_tok_s} / bf16 ${report.prefill.llama_cpp_bf16_tok_s} tok/s, ratio ${report.prefill.ratio}`);

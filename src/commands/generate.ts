@@ -1,8 +1,10 @@
 /** `weft generate`: one request through the engine, printed as text or as one JSON object. */
 import { createModel, DEFAULT_ENGINE_CONFIG } from "../engine/engine-manager.js";
 import { defaultSamplingParams } from "../engine/sampling-params.js";
+import type { EngineConfig } from "../engine/engine-config.js";
 
 export interface GenerateOptions {
+  dtype?: EngineConfig["dtype"];
   model: string;
   prompt?: string;
   promptIds?: string;
@@ -19,7 +21,7 @@ export interface GenerateOptions {
 
 export async function generate(o: GenerateOptions): Promise<void> {
   if ((o.prompt === undefined) === (o.promptIds === undefined)) throw new Error("give exactly one of --prompt and --prompt-ids");
-  const m = await createModel("cli", o.model, { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1 },
+  const m = await createModel("cli", o.model, { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1, dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype },
     { log: (msg) => process.stderr.write(`${msg}\n`) });
   let promptIds: number[];
   if (o.promptIds !== undefined) {

@@ -15,6 +15,8 @@ import { RateLimiter } from "../server/rate-limiter.js";
 import { DEFAULT_DB_PATH, KeyStore } from "../store/database.js";
 import { UsageRecorder } from "../store/usage-recorder.js";
 import { DEFAULT_HTTP_LIMITS } from "../server/http-limits.js";
+import type { ReasoningParserName, ChatSettings } from "../server/chat-settings.js";
+import { defaultDataDir } from "../batch/file-storage.js";
 
 export interface ServeOptions {
   host: string;
@@ -37,6 +39,13 @@ export interface ServeOptions {
   requestTimeout: number;
   keepAliveTimeout: number;
   maxConnections: number;
+  /** Batch input and output files; default: a files/ folder next to the database. */
+  dataDir?: string;
+  maxBatchFileBytes: number;
+  /** A chat template file used instead of every model's own. */
+  chatTemplate?: string;
+  reasoningParser: ReasoningParserName;
+  toolCallParser: ChatSettings["toolCallParser"];
   /** Every engine knob, from ENGINE_FLAGS. */
   engine: EngineConfig;
 }
@@ -98,6 +107,12 @@ export async function serve(o: ServeOptions): Promise<void> {
     },
     rateLimiter: new RateLimiter({ requestsPerMinute: o.rateLimit, tokensPerMinute: o.rateLimitTokens, sequencesPerMinute: o.rateLimitSequences }),
     sseLimits: { stallTimeoutMs: o.streamStallTimeout * 1000, maxBufferedBytes: o.streamMaxBuffer },
+    batch: { dbFile: o.db, dataDir: o.dataDir ?? defaultDataDir(o.db), maxFileBytes: o.maxBatchFileBytes },
+    chat: {
+      chatTemplate: o.chatTemplate !== undefined ? fs.readFileSync(o.chatTemplate, "utf8") : null,
+      reasoningParser: o.reasoningParser,
+      toolCallParser: o.toolCallParser,
+    },
   });
   let stopping = false;
   const stop = (signal: string): void => {

@@ -95,7 +95,7 @@ export class Engine {
     const r = new Request(id, [...input.promptTokenIds], input.params, input.priority ?? Priority.NORMAL, tenant,
       input.cacheSalt ?? tenant, this.now(), this.sequence++);
     const stream = new OutputStream(id, () => this.abort(id));
-    const detok = this.tokenizer ? new IncrementalDetokenizer(this.tokenizer, r.promptTokenIds) : null;
+    const detok = this.tokenizer ? new IncrementalDetokenizer(this.tokenizer, r.promptTokenIds, input.params.skipSpecialTokens) : null;
     this.live.set(id, { request: r, stream, detok, stops: new StopStringMatcher(input.params.stop, input.params.includeStopStrInOutput), pending: emptyOutput() });
     this.scheduler.add(r);
     this.kick();
@@ -188,7 +188,7 @@ export class Engine {
       tokenIds: r.allTokenIds.slice(r.numComputedTokens, r.numComputedTokens + numTokens),
       startPosition: r.numComputedTokens,
       blockTable: this.kv.blockIds(r.id),
-      sample: sample ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds } : null,
+      sample: sample ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r) } : null,
     }));
     const start = this.now();
     try {
@@ -202,6 +202,13 @@ export class Engine {
       for (const s of scheduled) this.abort(s.request.id, RequestStatus.FINISHED_ERROR, `engine step failed: ${message}`);
       return null;
     }
+  }
+
+  /** Before min_tokens, the tokens that would stop the request cannot be sampled (vLLM's min_tokens). */
+  private banned(r: Request): number[] {
+    const p = r.params;
+    if (r.outputTokenIds.length >= p.minTokens) return [];
+    return [...(p.ignoreEos ? [] : this.limits.eosTokenIds), ...p.stopTokenIds];
   }
 
   private process(scheduled: ScheduledRequest[], result: StepResult): void {

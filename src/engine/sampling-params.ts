@@ -13,6 +13,10 @@ export interface SamplingParams extends RunnerSampling {
   ignoreEos: boolean;
   /** Keep the matched stop string, or the stop token's text, in the output (vLLM's include_stop_str_in_output). */
   includeStopStrInOutput: boolean;
+  /** No stop token or EOS ends the request before this many output tokens (vLLM's min_tokens). */
+  minTokens: number;
+  /** Special tokens' text is left out of the output (vLLM's skip_special_tokens). */
+  skipSpecialTokens: boolean;
 }
 
 export const MAX_SEED = Number.MAX_SAFE_INTEGER;
@@ -33,6 +37,8 @@ export function defaultSamplingParams(overrides: Partial<SamplingParams> = {}): 
     stopTokenIds: [],
     ignoreEos: false,
     includeStopStrInOutput: false,
+    minTokens: 0,
+    skipSpecialTokens: true,
     ...overrides,
   };
 }

@@ -1,6 +1,7 @@
 /**
  * Text ↔ token ids for one model: `tokenizer.json` through @huggingface/tokenizers,
- * the chat template from `tokenizer_config.json` through @huggingface/jinja.
+ * the chat template (`chat_template.jinja` in the directory, else `tokenizer_config.json`'s)
+ * through @huggingface/jinja.
  */
 import fs from "node:fs";
 import path from "node:path";
@@ -11,9 +12,41 @@ import { readGguf } from "./gguf.js";
 import { ggufTokenizerFiles } from "./gguf-tokenizer.js";
 import { charsPerTokenBound, checkPromptChars } from "./prompt-limits.js";
 
+/** A tool call in an assistant message, as chat templates read it: arguments as an object (vLLM and transformers do the same). */
+export interface TemplateToolCall {
+  id?: string;
+  type: "function";
+  function: { name: string; arguments: unknown };
+}
+
 export interface ChatMessage {
   role: string;
   content: string;
+  tool_calls?: TemplateToolCall[];
+  /** On a `tool` message: the call it answers. */
+  tool_call_id?: string;
+  name?: string;
+  reasoning_content?: string;
+}
+
+/** What a chat rendering may add to the messages, as transformers' apply_chat_template takes it. */
+export interface ChatRenderOptions {
+  /** OpenAI tool objects, passed to the template as `tools`. */
+  tools?: readonly unknown[];
+  /** Extra template variables (a request's chat_template_kwargs, e.g. enable_thinking). */
+  kwargs?: Readonly<Record<string, unknown>>;
+  /** Template text used instead of the model's (--chat-template). */
+  template?: string;
+  /** Default true: end with the assistant's turn opening. */
+  addGenerationPrompt?: boolean;
+}
+
+/** Compiled override templates, by text: the few --chat-template files a server has. */
+const compiled = new Map<string, Template>();
+function compile(text: string): Template {
+  let t = compiled.get(text);
+  if (!t) compiled.set(text, (t = new Template(text)));
+  return t;
 }
 
 type Json = Record<string, unknown>;
@@ -45,6 +78,8 @@ export class TextTokenizer {
   readonly bosToken: string | null;
   readonly eosToken: string | null;
   readonly specialIds: Set<number>;
+  /** The model's chat template text, or null. */
+  readonly chatTemplate: string | null;
   private readonly template: Template | null;
 
   private constructor(
@@ -57,7 +92,8 @@ export class TextTokenizer {
   ) {
     this.bosToken = tokenString(config.bos_token);
     this.eosToken = tokenString(config.eos_token);
-    this.template = typeof config.chat_template === "string" ? new Template(config.chat_template) : null;
+    this.chatTemplate = typeof config.chat_template === "string" ? config.chat_template : null;
+    this.template = this.chatTemplate !== null ? new Template(this.chatTemplate) : null;
     this.specialIds = new Set([...tok.get_added_tokens_decoder()].filter(([, t]) => t.special).map(([id]) => id));
   }
 
@@ -72,6 +108,9 @@ export class TextTokenizer {
     const json = modernizeLegacySentencePiece(JSON.parse(fs.readFileSync(file, "utf8")) as Json);
     const cfgFile = path.join(dir, "tokenizer_config.json");
     const config = fs.existsSync(cfgFile) ? (JSON.parse(fs.readFileSync(cfgFile, "utf8")) as Json) : {};
+    // transformers ≥ 4.43 saves the template as its own file, which wins over tokenizer_config.json's.
+    const templateFile = path.join(dir, "chat_template.jinja");
+    if (fs.existsSync(templateFile)) config.chat_template = fs.readFileSync(templateFile, "utf8");
     const charsPerToken = charsPerTokenBound(json);
     return new TextTokenizer(dir, new Tokenizer(json, config), config, charsPerToken);
   }
@@ -98,16 +137,24 @@ export class TextTokenizer {
 
   private readonly texts = new Map<number, string>();
 
+  /** A token's vocabulary entry as stored (e.g. "Ġhello"), as transformers' convert_ids_to_tokens gives it. */
+  tokenPiece(id: number): string | undefined {
+    return this.tok.id_to_token(id);
+  }
+
   tokenId(token: string): number | undefined {
     return this.tok.token_to_id(token);
   }
 
-  /** The chat template rendered with a generation prompt, as transformers' apply_chat_template does. */
-  renderChat(messages: ChatMessage[]): string {
-    if (!this.template) throw new Error("this model's tokenizer_config.json has no chat_template");
-    return this.template.render({
+  /** The chat template rendered (with a generation prompt unless told otherwise), as transformers' apply_chat_template does. */
+  renderChat(messages: ChatMessage[], options: ChatRenderOptions = {}): string {
+    const template = options.template !== undefined ? compile(options.template) : this.template;
+    if (!template) throw new Error("this model has no chat template");
+    return template.render({
+      ...options.kwargs,
       messages,
-      add_generation_prompt: true,
+      ...(options.tools?.length ? { tools: options.tools } : {}),
+      add_generation_prompt: options.addGenerationPrompt ?? true,
       bos_token: this.bosToken ?? "",
       eos_token: this.eosToken ?? "",
     });
@@ -119,8 +166,8 @@ export class TextTokenizer {
    * rendered text because templates drop text (Llama 3.1 trims each message, Qwen3 drops the
    * reasoning of earlier turns), so the messages' length does not bound it.
    */
-  encodeChat(messages: ChatMessage[], maxChars = Infinity): number[] {
-    const text = this.renderChat(messages);
+  encodeChat(messages: ChatMessage[], maxChars = Infinity, options: ChatRenderOptions = {}): number[] {
+    const text = this.renderChat(messages, options);
     checkPromptChars(text.length, maxChars);
     return this.encode(text, false);
   }

@@ -3,7 +3,7 @@
  * the event loop, and hands back what each sequence sampled. The ground floor:
  * it takes plain data and imports nothing from engine/ or model/.
  */
-import { loadNative, type NativeModel, type NativeModelInfo, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
+import { loadNative, type ComputeDtype, type NativeModel, type NativeModelInfo, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
 import { ropeInvFreq, type RopeScaling } from "./rope.js";
 
 /** The sampling settings the kernel reads (an engine's request params carry more). */
@@ -17,10 +17,12 @@ export interface RunnerSampling {
   repetitionPenalty: number;
   presencePenalty: number;
   frequencyPenalty: number;
-  /** An integer below 2^53: the seeded RNG stream. */
-  seed: number;
+  /** The seeded RNG stream: 64 bits as a bigint, or a non-negative integer number below 2^53. */
+  seed: number | bigint;
   /** Top-N log-probs to return (0 = none). */
   logprobs: number;
+  /** (token id, value) pairs added to the logits before sampling (OpenAI's logit_bias). */
+  logitBias?: readonly (readonly [number, number])[];
 }
 
 /** A model's shape, as the runner needs it. */
@@ -49,6 +51,8 @@ export interface SampleRequest {
   counter: number;
   promptIds: readonly number[];
   outputIds: readonly number[];
+  /** Token ids that cannot be sampled at this step (EOS and stop tokens before min_tokens). */
+  banned?: readonly number[];
 }
 
 /** One sequence's share of a step. */
@@ -88,6 +92,15 @@ export interface KvLayout {
   blockSize: number;
 }
 
+/**
+ * `auto` is bfloat16 where the kernels in use have bf16 hardware (AMX or
+ * AVX512_BF16), else float32: the fast path by default, the exact one on request.
+ */
+export function resolveDtype(dtype: ComputeDtype | "auto"): ComputeDtype {
+  if (dtype !== "auto") return dtype;
+  return loadNative().bf16Hardware() ? "bfloat16" : "float32";
+}
+
 const GREEDY: RunnerSampling = {
   temperature: 0, topP: 1, topK: 0, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0, seed: 0, logprobs: 0,
 };
@@ -104,14 +117,17 @@ export class ModelRunner {
     readonly kv: KvLayout,
   ) {}
 
-  /** Loads the weights and reserves the KV pool on a worker thread: the event loop keeps running. */
-  static async create(model: RunnerModel, kv: KvLayout): Promise<ModelRunner> {
+  /**
+   * Loads the weights and reserves the KV pool on a worker thread: the event loop keeps running.
+   * `dtype` defaults to float32, the reference path.
+   */
+  static async create(model: RunnerModel, kv: KvLayout, dtype: ComputeDtype = "float32"): Promise<ModelRunner> {
     const c = model.config;
     const native = await loadNative().loadModel({
       hidden: c.hidden, intermediate: c.intermediate, layers: c.layers, heads: c.heads, kvHeads: c.kvHeads,
       headDim: c.headDim, vocab: c.vocab, rmsEps: c.rmsEps, attentionScaling: 1,
       invFreq: ropeInvFreq(c.headDim, c.ropeTheta, c.ropeScaling),
-      numBlocks: kv.numBlocks, blockSize: kv.blockSize, weights: model.weights,
+      numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype, weights: model.weights,
     });
     return new ModelRunner(native, c.vocab, kv);
   }
@@ -140,7 +156,7 @@ export class ModelRunner {
     const seqStarts = new Int32Array(seqs.length + 1), contextLens = new Int32Array(seqs.length);
     const blockTables = new Int32Array(seqs.length * maxBlocks).fill(-1);
     const sampleRows: number[] = [], params: RunnerSampling[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
-    const prompt: number[][] = [], output: number[][] = [];
+    const prompt: number[][] = [], output: number[][] = [], bias: (readonly [number, number])[][] = [];
     let row = 0;
     seqs.forEach((s, b) => {
       seqStarts[b] = row;
@@ -161,6 +177,7 @@ export class ModelRunner {
         const req = s.sample && i === s.tokenIds.length - 1 ? s.sample : null;
         params.push(req ? req.params : GREEDY);
         counters.push(req ? req.counter : 0);
+        bias.push(req ? [...(req.params.logitBias ?? []), ...(req.banned ?? []).map((id) => [id, -Infinity] as const)] : []);
         const penal = req && usesPenalties(req.params);
         prompt.push(penal ? [...req.promptIds] : []);
         output.push(penal ? [...req.outputIds] : []);
@@ -175,6 +192,7 @@ export class ModelRunner {
     };
     const [promptOffsets, promptTokens] = flat(prompt);
     const [outputOffsets, outputTokens] = flat(output);
+    const [biasOffsets, biasIds] = flat(bias.map((b) => b.map(([id]) => id)));
     return {
       tokens, positions, seqStarts, slotMapping, blockTables, contextLens, maxBlocks,
       sampleRows: Int32Array.from(sampleRows),
@@ -185,9 +203,10 @@ export class ModelRunner {
       repetitionPenalty: Float32Array.from(params, (p) => p.repetitionPenalty),
       presencePenalty: Float32Array.from(params, (p) => p.presencePenalty),
       frequencyPenalty: Float32Array.from(params, (p) => p.frequencyPenalty),
-      seeds: Float64Array.from(params, (p) => p.seed),
+      seeds: BigUint64Array.from(params, (p) => BigInt.asUintN(64, BigInt(p.seed))),
       counters: Int32Array.from(counters),
       numLogprobs: Int32Array.from(params, (p) => p.logprobs),
+      biasOffsets, biasIds, biasValues: Float32Array.from(bias.flat(), ([, v]) => v),
       promptOffsets, promptTokens, outputOffsets, outputTokens,
       returnLogits: seqs.some((s) => s.allLogits),
       rowsPerSeq,

@@ -8,6 +8,16 @@ import path from "node:path";
 
 export type NativeDType = "f32" | "f16" | "bf16";
 
+/**
+ * How the forward pass computes. float32: activations in fp32, weights widened
+ * exactly (the reference path). bfloat16: each linear layer's input rounded to
+ * bf16 and its weights held in bf16, products accumulated in fp32.
+ */
+export type ComputeDtype = "float32" | "bfloat16";
+
+/** Kernel sets, best first: AMX-BF16 tiles, AVX512_BF16, AVX-512, AVX2, portable. */
+export type KernelSet = "amx" | "avx512bf16" | "avx512" | "avx2" | "scalar";
+
 /** A tensor inside a safetensors file, already validated by the loader. */
 export interface NativeTensor {
   file: string;
@@ -59,6 +69,7 @@ export interface NativeModelSpec {
   /** KV pool: numBlocks × blockSize token slots per layer. */
   numBlocks: number;
   blockSize: number;
+  dtype: ComputeDtype;
   weights: NativeWeights;
 }
 
@@ -82,9 +93,12 @@ export interface NativeStepInput {
   repetitionPenalty: Float32Array; // (S)
   presencePenalty: Float32Array; // (S)
   frequencyPenalty: Float32Array; // (S)
-  seeds: Float64Array; // (S) integers below 2^53
+  seeds: BigUint64Array; // (S)
   counters: Int32Array; // (S) index of the token being sampled within its request
   numLogprobs: Int32Array; // (S)
+  biasOffsets: Int32Array; // (S+1) into biasIds / biasValues
+  biasIds: Int32Array; // token ids whose logit is biased before sampling
+  biasValues: Float32Array; // added to those logits (-Infinity bans the token)
   promptOffsets: Int32Array; // (S+1) into promptTokens (repetition penalty)
   promptTokens: Int32Array;
   outputOffsets: Int32Array; // (S+1) into outputTokens (all penalties)
@@ -109,9 +123,18 @@ export interface NativeStepOutput {
 }
 
 export interface NativeModelInfo {
-  isa: "avx512" | "avx2" | "scalar";
+  isa: KernelSet;
   threads: number;
   kvCacheBytes: number;
+  dtype: ComputeDtype;
+}
+
+/** What the CPU offers (CPUID; for AMX, also Linux's grant of the tile state). */
+export interface NativeCpuFeatures {
+  avx2: boolean;
+  avx512: boolean;
+  avx512bf16: boolean;
+  amx: boolean;
 }
 
 /** Seconds per kind of work since the previous read, and the steps and token rows they covered. */
@@ -145,6 +168,16 @@ export interface NativeModel {
   dispose(): Promise<void>;
 }
 
+/** The machine's limits, measured on every thread at once; 0 where the CPU lacks the unit. */
+export interface NativeRooflines {
+  readBytesPerSecond: number;
+  fp32Flops: number;
+  /** vdpbf16ps (AVX512_BF16). */
+  bf16DotFlops: number;
+  /** TDPBF16PS (AMX-BF16), operands in tile registers. */
+  amxFlops: number;
+}
+
 export interface NativeAddon {
   /**
    * Maps the checkpoint files, then reads and repacks every matrix and
@@ -152,8 +185,13 @@ export interface NativeAddon {
    * unreadable file.
    */
   loadModel(spec: NativeModelSpec): Promise<NativeModel>;
-  /** The kernel set in use (WEFT_ISA=avx2|scalar forces one). */
-  isa(): NativeModelInfo["isa"];
+  /** The kernel set in use (WEFT_ISA=amx|avx512bf16|avx512|avx2|scalar forces one; throws if this CPU lacks it). */
+  isa(): KernelSet;
+  /** Whether the kernel set in use computes bfloat16 on bf16 hardware (AMX or vdpbf16ps) rather than emulating it. */
+  bf16Hardware(): boolean;
+  cpuFeatures(): NativeCpuFeatures;
+  /** Takes a few seconds, off the event loop. */
+  measureRooflines(): Promise<NativeRooflines>;
 }
 
 const here = path.dirname(fileURLToPath(import.meta.url));

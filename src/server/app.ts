@@ -21,6 +21,9 @@ import type { UsageSink } from "./generation.js";
 import { installCors } from "./cors.js";
 import { installHostCheck } from "./host-check.js";
 import { httpServerOptions, installHttpLimits, unroutedError, type HttpLimits } from "./http-limits.js";
+import { registerBatchApi, type BatchOptions } from "../batch/batch-api.js";
+import { DEFAULT_CHAT_SETTINGS, type ChatSettings } from "./chat-settings.js";
+import { installTokenizeRoutes } from "./tokenize-routes.js";
 
 /** The HTTP edge: browsers' access and the limits on clients (see cors.ts, host-check.ts, http-limits.ts). */
 export interface HttpEdgeOptions {
@@ -45,6 +48,10 @@ export interface ServerOptions {
   rateLimiter: RateLimiter;
   sseLimits: SseLimits;
   http: HttpEdgeOptions;
+  /** The Files and Batches API (src/batch/); absent: not served. */
+  batch?: BatchOptions;
+  /** --chat-template, --reasoning-parser, --tool-call-parser; absent: the defaults. */
+  chat?: ChatSettings;
 }
 
 export interface Server {
@@ -108,7 +115,7 @@ export function buildServer(o: ServerOptions): Server {
     const model = await o.manager.acquire(parsed.model, req.id);
     await runGeneration(parsed, {
       model, caller, priority, requestId: req.id, admission, log: o.logger, usage: o.usage, sseLimits: o.sseLimits,
-      logPriority: priorityName(priority),
+      logPriority: priorityName(priority), chat: o.chat ?? DEFAULT_CHAT_SETTINGS,
     }, reply);
   };
 
@@ -117,16 +124,19 @@ export function buildServer(o: ServerOptions): Server {
   app.post("/v1/completions", key, generate("completion", false));
   app.post("/v1/batch/chat/completions", key, generate("chat", true));
   app.post("/v1/batch/completions", key, generate("completion", true));
+  installTokenizeRoutes(app, o.manager, o.chat ?? DEFAULT_CHAT_SETTINGS);
   app.get("/v1/models", key, async () => ({ object: "list", data: [...o.manager.models.keys()].map((id) => o.manager.card(id)) }));
   app.get("/v1/models/*", key, async (req) => o.manager.card((req.params as Record<string, string>)["*"] ?? ""));
   app.get("/health", { config: { access: "public", duringShutdown: true } }, async (_req, reply) =>
     (shuttingDown ? reply.code(503).send({ status: "shutting_down" }) : { status: "ok" }));
   app.get("/metrics", { config: { access: "metrics" } }, async (_req, reply) => reply.type(o.metrics.registry.contentType).send(await o.metrics.render()));
 
+  const batchApi = o.batch ? registerBatchApi(app, { ...o.batch, manager: o.manager, usage: o.usage, log: o.logger, chat: o.chat ?? DEFAULT_CHAT_SETTINGS }) : null;
   return {
     app,
     async shutdown(timeoutMs) {
       shuttingDown = true;
+      batchApi?.stop(); // before the engines: no batch line may reload a model
       await o.manager.shutdown(timeoutMs);
       await app.close();
       o.auth.close();

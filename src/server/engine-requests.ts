@@ -10,6 +10,7 @@ import { defaultSamplingParams, type SamplingParams } from "../engine/sampling-p
 import { PromptTooLongError } from "../model/prompt-limits.js";
 import { apiError, type ApiError } from "./errors.js";
 import type { ChatRequest, CompletionRequest } from "./request-schema.js";
+import { DEFAULT_CHAT_SETTINGS, renderOptions, requestToolParser, type ChatSettings } from "./chat-settings.js";
 
 export type GenerationRequest = ChatRequest | CompletionRequest;
 
@@ -32,13 +33,14 @@ export function tokenBudget(r: GenerationRequest, prompts: readonly number[][], 
   return prompts.reduce((n, p) => n + p.length + r.n * maxTokens(r, p.length, maxModelLen), 0);
 }
 
-function samplingParams(r: GenerationRequest, promptLen: number, maxModelLen: number, choice: number): SamplingParams {
+function samplingParams(r: GenerationRequest, promptLen: number, maxModelLen: number, choice: number, keepSpecialTokens: boolean): SamplingParams {
   return defaultSamplingParams({
     temperature: r.temperature, topP: r.topP, topK: r.topK, minP: r.minP,
     repetitionPenalty: r.repetitionPenalty, presencePenalty: r.presencePenalty, frequencyPenalty: r.frequencyPenalty,
     logprobs: r.logprobs ?? 0, maxTokens: maxTokens(r, promptLen, maxModelLen), stop: r.stop, stopTokenIds: r.stopTokenIds,
-    ignoreEos: r.ignoreEos, includeStopStrInOutput: r.includeStopStrInOutput,
-    ...(r.seed !== null ? { seed: (r.seed + choice) >>> 0 } : {}),
+    ignoreEos: r.ignoreEos, includeStopStrInOutput: r.includeStopStrInOutput, minTokens: r.minTokens, logitBias: r.logitBias,
+    skipSpecialTokens: r.skipSpecialTokens && !keepSpecialTokens,
+    ...(r.seed !== null ? { seed: BigInt.asUintN(64, r.seed + BigInt(choice)) } : {}),
   });
 }
 
@@ -53,13 +55,17 @@ function tooLong(model: LoadedModel, e: PromptTooLongError, param: string): ApiE
  * inputs off the event loop). A prompt too long to fit is refused before any
  * tokenizing; `signal` (the client going away) stops work in flight.
  */
-export async function encodePrompts(r: GenerationRequest, model: LoadedModel, signal?: AbortSignal): Promise<number[][]> {
+export async function encodePrompts(r: GenerationRequest, model: LoadedModel, signal?: AbortSignal, chat: ChatSettings = DEFAULT_CHAT_SETTINGS): Promise<number[][]> {
   const tok = model.tokenizer;
   if (r.kind === "chat") {
     if (!tok) throw apiError("invalid_request", { param: "model", detail: `model ${model.id} has no tokenizer` });
-    if (!tok.hasChatTemplate) throw apiError("invalid_request", { param: "messages", detail: `model ${model.id} has no chat template: use /v1/completions` });
+    if (!tok.hasChatTemplate && chat.chatTemplate === null) throw apiError("invalid_request", { param: "messages", detail: `model ${model.id} has no chat template: use /v1/completions` });
+    requestToolParser(r, tok, chat, model.id);
+    const options = renderOptions(r, chat);
     try {
-      return [await model.encoder.encodeChat(r.messages, signal)];
+      // The tokenizer pool renders plain chats only; tools, template variables and a template override render inline.
+      const plain = !options.tools && Object.keys(options.kwargs ?? {}).length === 0 && options.template === undefined;
+      return [plain ? await model.encoder.encodeChat(r.messages, signal) : tok.encodeChat(r.messages, model.encoder.maxChars, options)];
     } catch (e) {
       throw e instanceof PromptTooLongError ? tooLong(model, e, "messages") : e;
     }
@@ -75,13 +81,19 @@ export async function encodePrompts(r: GenerationRequest, model: LoadedModel, si
 }
 
 /** Adds every (prompt, choice) to the engine, all or none. */
-export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: number[][], ids: { requestId: string; tenant: string; priority: Priority }): Choice[] {
+export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: number[][], ids: { requestId: string; tenant: string; priority: Priority },
+  chat: ChatSettings = DEFAULT_CHAT_SETTINGS): Choice[] {
   const maxModelLen = model.engine.limits.maxModelLen;
+  const vocab = model.engine.limits.vocabSize;
+  const outside = r.logitBias.find(([id]) => id >= vocab);
+  if (outside) throw apiError("invalid_request", { param: "logit_bias", detail: `token id ${outside[0]} is outside the vocabulary (0..${vocab - 1})` });
+  // A tool-call marker that is a special token (Mistral's [TOOL_CALLS]) must survive detokenizing.
+  const keepSpecial = r.kind === "chat" && model.tokenizer !== null && (requestToolParser(r, model.tokenizer, chat, model.id)?.needsSpecialTokens ?? false);
   const inputs = prompts.flatMap((promptTokenIds, p) => Array.from({ length: r.n }, (_, i) => {
     const index = p * r.n + i;
     return {
       index, promptIndex: p,
-      input: { id: `${ids.requestId}-${index}`, promptTokenIds, params: samplingParams(r, promptTokenIds.length, maxModelLen, index), priority: ids.priority, tenant: ids.tenant },
+      input: { id: `${ids.requestId}-${index}`, promptTokenIds, params: samplingParams(r, promptTokenIds.length, maxModelLen, index, keepSpecial), priority: ids.priority, tenant: ids.tenant },
     };
   }));
   const streams = model.engine.addGroup(inputs.map((x) => x.input));

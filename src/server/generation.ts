@@ -14,6 +14,8 @@ import { addChoices, encodePrompts, tokenBudget, type Choice, type GenerationReq
 import { toApiError } from "./errors.js";
 import { ChunkFormatter, failureError, responseHeader, usageTotals, wholeBody, type UsageTotals } from "./openai-format.js";
 import type { RateAdmission } from "./rate-limiter.js";
+import type { ChatOutputSpec } from "./chat-output.js";
+import { DEFAULT_CHAT_SETTINGS, outputSpec, type ChatSettings } from "./chat-settings.js";
 import { SseWriter, type SseLimits } from "./sse.js";
 
 /** Receives finished requests' usage; must not block or throw. */
@@ -32,27 +34,31 @@ export interface GenerationContext {
   usage: UsageSink | null;
   log: Logger;
   sseLimits: SseLimits;
+  /** --chat-template, --reasoning-parser, --tool-call-parser (default: the model's template, parsers chosen from it). */
+  chat?: ChatSettings;
 }
 
 /** Runs a chat or completion request and answers it on `reply`. */
 export async function runGeneration(r: GenerationRequest, ctx: GenerationContext, reply: FastifyReply): Promise<void> {
   // A client that leaves while its prompt is tokenized frees the worker at once.
   const gone = new AbortController();
+  const chat = ctx.chat ?? DEFAULT_CHAT_SETTINGS;
   reply.raw.once("close", () => {
     if (!reply.raw.writableFinished) gone.abort();
   });
   let prompts: number[][];
   try {
-    prompts = await encodePrompts(r, ctx.model, gone.signal);
+    prompts = await encodePrompts(r, ctx.model, gone.signal, chat);
   } catch (e) {
     if (!gone.signal.aborted) throw e;
     reply.hijack(); // nobody is left to answer
     return;
   }
+  const spec = r.kind === "chat" && ctx.model.tokenizer ? outputSpec(r, ctx.model.tokenizer, chat, prompts[0]!, ctx.model.id) : null;
   ctx.admission.reserve(tokenBudget(r, prompts, ctx.model.engine.limits.maxModelLen), prompts.length * r.n);
   let choices: Choice[];
   try {
-    choices = addChoices(r, ctx.model, prompts, { requestId: ctx.requestId, tenant: ctx.caller.tenant, priority: ctx.priority });
+    choices = addChoices(r, ctx.model, prompts, { requestId: ctx.requestId, tenant: ctx.caller.tenant, priority: ctx.priority }, chat);
   } catch (e) {
     ctx.admission.settle(0);
     throw e;
@@ -70,8 +76,8 @@ export async function runGeneration(r: GenerationRequest, ctx: GenerationContext
     return totals;
   };
   try {
-    if (r.stream) await streamResponse(r, ctx, prompts, choices, reply, finish);
-    else await wholeResponse(r, ctx, prompts, choices, reply, finish);
+    if (r.stream) await streamResponse(r, ctx, prompts, choices, reply, finish, spec);
+    else await wholeResponse(r, ctx, prompts, choices, reply, finish, spec);
   } finally {
     if (!ended) finish(choices.map(() => emptyFinal()));
   }
@@ -91,21 +97,21 @@ function finished(ctx: GenerationContext, u: UsageTotals, outs: RequestOutput[],
 }
 
 async function wholeResponse(r: GenerationRequest, ctx: GenerationContext, prompts: number[][], choices: Choice[], reply: FastifyReply,
-  finish: (o: RequestOutput[]) => UsageTotals): Promise<void> {
+  finish: (o: RequestOutput[]) => UsageTotals, spec: ChatOutputSpec | null): Promise<void> {
   const outs = await Promise.all(choices.map((c) => c.stream.collect()));
   finish(outs);
   const failed = outs.find((o) => o.finishReason === "error");
   if (failed) throw failureError(failed, ctx.requestId);
   if (reply.raw.destroyed) return;
-  await reply.send(wholeBody(r, responseHeader(r, ctx.model.id), ctx.model, prompts, choices, outs));
+  await reply.send(wholeBody(r, responseHeader(r, ctx.model.id), ctx.model, prompts, choices, outs, spec));
 }
 
 async function streamResponse(r: GenerationRequest, ctx: GenerationContext, prompts: number[][], choices: Choice[], reply: FastifyReply,
-  finish: (o: RequestOutput[]) => UsageTotals): Promise<void> {
+  finish: (o: RequestOutput[]) => UsageTotals, spec: ChatOutputSpec | null): Promise<void> {
   reply.hijack();
   const onStall = (): void => ctx.log.warn({ id: ctx.requestId, tenant: ctx.caller.tenant }, "stream reader stalled: request aborted");
   const sse = new SseWriter(reply.raw, ctx.sseLimits, onStall);
-  const fmt = new ChunkFormatter(r, responseHeader(r, ctx.model.id), ctx.model);
+  const fmt = new ChunkFormatter(r, responseHeader(r, ctx.model.id), ctx.model, spec);
   const finals: RequestOutput[] = [];
   let failed: RequestOutput | null = null;
   try {
@@ -119,9 +125,8 @@ async function streamResponse(r: GenerationRequest, ctx: GenerationContext, prom
           failed ??= o;
           continue;
         }
-        const chunk = fmt.delta(c, o, textOffset);
+        for (const chunk of fmt.deltas(c, o, textOffset)) sse.send(chunk);
         textOffset += o.text.length;
-        if (chunk) sse.send(chunk);
       }
     }));
     const totals = finish(choices.map((_, i) => finals[i] ?? emptyFinal()));

@@ -8,6 +8,7 @@ import type { RequestOutput } from "../engine/output-stream.js";
 import type { GeneratedLogprob } from "../engine/request.js";
 import { apiError, type ApiError } from "./errors.js";
 import type { Choice, GenerationRequest } from "./engine-requests.js";
+import { ChatOutput, type ChatOutputSpec, type ChatPiece, type ToolCall } from "./chat-output.js";
 
 type Json = Record<string, unknown>;
 
@@ -86,21 +87,39 @@ export function responseHeader(r: GenerationRequest, model: string): ResponseHea
   return { id: newId(r.kind === "chat" ? "chatcmpl" : "cmpl"), created: Math.floor(Date.now() / 1000), model };
 }
 
-/** A non-streamed response body. */
-export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: LoadedModel, prompts: number[][], choices: Choice[], outs: RequestOutput[]): Json {
+/** A chat choice's finish_reason: "tool_calls" when it stopped (not cut) with calls. */
+function chatFinishReason(o: RequestOutput, calls: readonly ToolCall[]): string | undefined {
+  return calls.length > 0 && o.finishReason === "stop" ? "tool_calls" : o.finishReason;
+}
+
+/** The assistant message of a whole chat answer; without a parse spec the text is the content. */
+function chatMessage(text: string, spec: ChatOutputSpec | null): { message: Json; calls: ToolCall[] } {
+  if (!spec) return { message: { role: "assistant", content: text }, calls: [] };
+  const p: ChatPiece = ChatOutput.parse(spec, text);
+  const message: Json = { role: "assistant", content: p.toolCalls.length > 0 && p.content.trim() === "" ? null : p.content };
+  if (spec.reasoning) message.reasoning_content = p.reasoning === "" ? null : p.reasoning;
+  if (p.toolCalls.length > 0) message.tool_calls = p.toolCalls;
+  return { message, calls: p.toolCalls };
+}
+
+/** A non-streamed response body; `spec` parses chat answers (reasoning, tool calls). */
+export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: LoadedModel, prompts: number[][], choices: Choice[], outs: RequestOutput[],
+  spec: ChatOutputSpec | null = null): Json {
   const body: Json = { id: h.id, object: r.kind === "chat" ? "chat.completion" : "text_completion", created: h.created, model: h.model };
   body.choices = choices.map((c, i) => {
     const o = outs[i]!;
     const choice: Json = { index: c.index };
     if (r.kind === "chat") {
-      choice.message = { role: "assistant", content: o.text };
+      const { message, calls } = chatMessage(o.text, spec);
+      choice.message = message;
       choice.logprobs = r.logprobs !== null ? chatLogprobs(model, o.logprobs, r.logprobs) : null;
+      choice.finish_reason = chatFinishReason(o, calls);
     } else {
       const prefix = r.echo ? promptText(model, r, prompts[c.promptIndex]!, c.promptIndex) : "";
       choice.text = prefix + o.text;
       choice.logprobs = r.logprobs !== null ? completionLogprobs(model, o.logprobs, r.logprobs, prefix.length) : null;
+      choice.finish_reason = o.finishReason;
     }
-    choice.finish_reason = o.finishReason;
     choice.stop_reason = o.stopReason ?? null;
     if (r.returnTokenIds) choice.token_ids = o.tokenIds;
     return choice;
@@ -110,14 +129,16 @@ export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: Loaded
   return body;
 }
 
-/** Builds a stream's chunks. */
+/** Builds a stream's chunks; `spec` parses chat answers (reasoning, tool calls), one parser per choice. */
 export class ChunkFormatter {
   private readonly object: string;
+  private readonly outputs = new Map<number, ChatOutput>();
 
   constructor(
     private readonly r: GenerationRequest,
     private readonly h: ResponseHeader,
     private readonly model: LoadedModel,
+    private readonly spec: ChatOutputSpec | null = null,
   ) {
     this.object = r.kind === "chat" ? "chat.completion.chunk" : "text_completion";
   }
@@ -133,18 +154,56 @@ export class ChunkFormatter {
     return null;
   }
 
-  /** A delta of one choice, or null when there is nothing to send; `textOffset` is the choice's text so far. */
-  delta(c: Choice, o: RequestOutput, textOffset: number): Json | null {
+  /** The chunks for one output of a choice (none when there is nothing to send); `textOffset` is the choice's text so far. */
+  deltas(c: Choice, o: RequestOutput, textOffset: number): Json[] {
     const r = this.r;
+    if (r.kind === "chat") return this.chatDeltas(c, o);
     const finishReason = o.finished ? o.finishReason : null;
-    if (!o.text && !finishReason && !(r.logprobs !== null && o.logprobs.length)) return null;
-    const extra: Json = { ...(r.returnTokenIds ? { token_ids: o.tokenIds } : {}), ...(o.finished ? { stop_reason: o.stopReason ?? null } : {}) };
-    if (r.kind === "chat") {
-      const lp = r.logprobs !== null ? chatLogprobs(this.model, o.logprobs, r.logprobs) : null;
-      return this.chunk([{ index: c.index, delta: o.text ? { content: o.text } : {}, logprobs: lp, finish_reason: finishReason, ...extra }]);
-    }
+    if (!o.text && !finishReason && !(r.logprobs !== null && o.logprobs.length)) return [];
     const lp = r.logprobs !== null ? completionLogprobs(this.model, o.logprobs, r.logprobs, textOffset) : null;
-    return this.chunk([{ index: c.index, text: o.text, logprobs: lp, finish_reason: finishReason, ...extra }]);
+    return [this.chunk([{ index: c.index, text: o.text, logprobs: lp, finish_reason: finishReason, ...this.extra(o) }])];
+  }
+
+  private extra(o: RequestOutput): Json {
+    return { ...(this.r.returnTokenIds ? { token_ids: o.tokenIds } : {}), ...(o.finished ? { stop_reason: o.stopReason ?? null } : {}) };
+  }
+
+  /**
+   * Chat: the text split into reasoning and content; at the end, each tool call as
+   * OpenAI streams it (its id and name with empty arguments, then the arguments),
+   * then the finish_reason.
+   */
+  private chatDeltas(c: Choice, o: RequestOutput): Json[] {
+    const r = this.r;
+    const piece = this.piece(c, o);
+    const lp = r.logprobs !== null && o.logprobs.length ? chatLogprobs(this.model, o.logprobs, r.logprobs!) : null;
+    const delta: Json = {
+      ...(piece.reasoning ? { reasoning_content: piece.reasoning } : {}),
+      ...(piece.content ? { content: piece.content } : {}),
+    };
+    const out: Json[] = [];
+    const callChunks = piece.toolCalls.flatMap((call, index) => [
+      { tool_calls: [{ index, id: call.id, type: "function", function: { name: call.function.name, arguments: "" } }] },
+      { tool_calls: [{ index, function: { arguments: call.function.arguments } }] },
+    ]).map((d) => this.chunk([{ index: c.index, delta: d, logprobs: null, finish_reason: null }]));
+    const finishReason = o.finished ? chatFinishReason(o, piece.toolCalls) ?? null : null;
+    if (Object.keys(delta).length > 0 || lp !== null || (r.returnTokenIds && o.tokenIds.length > 0)) {
+      out.push(this.chunk([{ index: c.index, delta, logprobs: lp, finish_reason: null, ...(r.returnTokenIds ? { token_ids: o.tokenIds } : {}) }]));
+    }
+    out.push(...callChunks);
+    if (o.finished) out.push(this.chunk([{ index: c.index, delta: {}, logprobs: null, finish_reason: finishReason, stop_reason: o.stopReason ?? null }]));
+    return out;
+  }
+
+  /** This output's text through the choice's parser (none: all content). */
+  private piece(c: Choice, o: RequestOutput): ChatPiece {
+    if (!this.spec) return { reasoning: "", content: o.text, toolCalls: [] };
+    let parser = this.outputs.get(c.index);
+    if (!parser) this.outputs.set(c.index, (parser = new ChatOutput(this.spec)));
+    const now = parser.push(o.text);
+    if (!o.finished) return now;
+    const end = parser.finish();
+    return { reasoning: now.reasoning + end.reasoning, content: now.content + end.content, toolCalls: end.toolCalls };
   }
 
   usage(u: UsageTotals): Json {

@@ -6,7 +6,7 @@
  * here, so no row can fail a batch step.
  */
 import { apiError, invalid } from "./errors.js";
-import type { ChatMessage } from "../model/tokenizer.js";
+import type { ChatMessage, TemplateToolCall } from "../model/tokenizer.js";
 
 type Json = Record<string, unknown>;
 
@@ -17,7 +17,8 @@ export interface CommonFields {
   topP: number;
   topK: number;
   minP: number;
-  seed: number | null;
+  /** 64 bits; negative seeds are taken in two's complement. */
+  seed: bigint | null;
   stop: string[];
   stopTokenIds: number[];
   n: number;
@@ -33,11 +34,26 @@ export interface CommonFields {
   /** vLLM's include_stop_str_in_output: the matched stop string or stop token's text stays in the output. */
   includeStopStrInOutput: boolean;
   returnTokenIds: boolean;
+  /** vLLM's skip_special_tokens (default true): special tokens' text is left out of the output. */
+  skipSpecialTokens: boolean;
+  /** vLLM's min_tokens: no stop token or EOS ends the request before this many tokens. */
+  minTokens: number;
+  /** OpenAI's logit_bias as (token id, bias) pairs. */
+  logitBias: [number, number][];
 }
+
+/** OpenAI's tool_choice: a function named, or what the model may do. */
+export type ToolChoice = "none" | "auto" | "required" | { name: string };
 
 export interface ChatRequest extends CommonFields {
   kind: "chat";
   messages: ChatMessage[];
+  /** The request's tools, as sent (OpenAI function tools), for the chat template. */
+  tools: Json[];
+  toolChoice: ToolChoice;
+  parallelToolCalls: boolean;
+  /** Extra chat template variables (vLLM's chat_template_kwargs). */
+  chatTemplateKwargs: Json;
 }
 
 export interface CompletionRequest extends CommonFields {
@@ -109,6 +125,30 @@ function stops(body: Json): string[] {
   return list as string[];
 }
 
+/** Any 64-bit integer, signed or not. */
+function seed(body: Json): bigint | null {
+  if (!present(body, "seed")) return null;
+  const v = num(body, "seed", 0, -(2 ** 63), 2 ** 64, true);
+  if (v >= 2 ** 64) throw invalid("seed", "must be below 2^64");
+  return BigInt.asUintN(64, BigInt(v));
+}
+
+const MAX_LOGIT_BIAS = 300;
+
+/** {"token id": bias in [-100, 100]}, as OpenAI takes it. */
+function logitBias(body: Json): [number, number][] {
+  if (!present(body, "logit_bias")) return [];
+  const v = body.logit_bias;
+  if (typeof v !== "object" || v === null || Array.isArray(v)) throw invalid("logit_bias", "must be an object mapping token ids to biases");
+  const entries = Object.entries(v as Json);
+  if (entries.length > MAX_LOGIT_BIAS) throw invalid("logit_bias", `at most ${MAX_LOGIT_BIAS} tokens`);
+  return entries.map(([k, b]): [number, number] => {
+    if (!/^\d+$/.test(k) || !Number.isSafeInteger(Number(k))) throw invalid("logit_bias", `key "${k}" is not a token id`);
+    if (typeof b !== "number" || !(b >= -100 && b <= 100)) throw invalid("logit_bias", `the bias of token ${k} must be a number between -100 and 100`);
+    return [Number(k), Math.fround(b)];
+  });
+}
+
 function common(body: Json, logprobs: number | null): CommonFields {
   if (typeof body.model !== "string" || body.model === "") throw invalid("model", "is required and must be a string");
   const maxKey = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -119,14 +159,17 @@ function common(body: Json, logprobs: number | null): CommonFields {
   const includeUsage = present(body, "stream_options") ? bool(streamOptions as Json, "include_usage") : false;
   if (present(body, "user") && typeof body.user !== "string") throw invalid("user", "must be a string");
   const topK = num(body, "top_k", 0, -1, 1_000_000, true);
+  const maxTokens = present(body, maxKey) ? num(body, maxKey, 16, 1, 1_000_000, true) : null;
+  const minTokens = num(body, "min_tokens", 0, 0, 1_000_000, true);
+  if (maxTokens !== null && minTokens > maxTokens) throw invalid("min_tokens", `must not exceed ${maxKey} (${maxTokens})`);
   return {
     model: body.model,
-    maxTokens: present(body, maxKey) ? num(body, maxKey, 16, 1, 1_000_000, true) : null,
+    maxTokens,
     temperature: temperature(body),
     topP: float32(body, "top_p", 1, 0, 1, true),
     topK: topK < 0 ? 0 : topK,
     minP: float32(body, "min_p", 0, 0, 1),
-    seed: present(body, "seed") ? num(body, "seed", 0, -(2 ** 53), 2 ** 53, true) : null,
+    seed: seed(body),
     stop: stops(body),
     stopTokenIds: present(body, "stop_token_ids") ? tokenIds(body.stop_token_ids, "stop_token_ids") : [],
     n: num(body, "n", 1, 1, MAX_N, true),
@@ -140,6 +183,9 @@ function common(body: Json, logprobs: number | null): CommonFields {
     ignoreEos: bool(body, "ignore_eos"),
     includeStopStrInOutput: bool(body, "include_stop_str_in_output"),
     returnTokenIds: bool(body, "return_token_ids"),
+    skipSpecialTokens: bool(body, "skip_special_tokens", true),
+    minTokens,
+    logitBias: logitBias(body),
   };
 }
 
@@ -158,20 +204,83 @@ function messageContent(v: unknown, i: number): string {
   }).join("");
 }
 
+const isObject = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/** An assistant message's tool_calls, arguments parsed to objects as chat templates expect them. */
+function messageToolCalls(v: unknown, i: number): TemplateToolCall[] {
+  if (!Array.isArray(v)) throw invalid(`messages[${i}].tool_calls`, "must be a list");
+  return v.map((c: unknown, j): TemplateToolCall => {
+    const at = `messages[${i}].tool_calls[${j}]`;
+    const fn = isObject(c) ? c.function : undefined;
+    if (!isObject(c) || !isObject(fn) || typeof fn.name !== "string") throw invalid(at, "must be {id, type: \"function\", function: {name, arguments}}");
+    let args: unknown = fn.arguments ?? {};
+    if (typeof args === "string") {
+      try {
+        args = JSON.parse(args);
+      } catch {
+        throw invalid(`${at}.function.arguments`, "must be a JSON object encoded as a string");
+      }
+    }
+    if (!isObject(args)) throw invalid(`${at}.function.arguments`, "must be a JSON object encoded as a string");
+    return { ...(typeof c.id === "string" ? { id: c.id } : {}), type: "function", function: { name: fn.name, arguments: args } };
+  });
+}
+
+function chatMessage(m: unknown, i: number): ChatMessage {
+  if (!isObject(m)) throw invalid(`messages[${i}]`, "must be an object");
+  if (typeof m.role !== "string" || !["system", "developer", "user", "assistant", "tool"].includes(m.role)) {
+    throw invalid(`messages[${i}].role`, "must be one of system, developer, user, assistant, tool");
+  }
+  const msg: ChatMessage = { role: m.role === "developer" ? "system" : m.role, content: messageContent(m.content, i) };
+  if (m.role === "assistant" && present(m, "tool_calls")) msg.tool_calls = messageToolCalls(m.tool_calls, i);
+  if (m.role === "assistant" && typeof m.reasoning_content === "string") msg.reasoning_content = m.reasoning_content;
+  if (m.role === "tool") {
+    if (typeof m.tool_call_id !== "string") throw invalid(`messages[${i}].tool_call_id`, "is required on a tool message and must be a string");
+    msg.tool_call_id = m.tool_call_id;
+  }
+  if (typeof m.name === "string") msg.name = m.name;
+  return msg;
+}
+
+function tools(body: Json): Json[] {
+  if (!present(body, "tools")) return [];
+  if (!Array.isArray(body.tools)) throw invalid("tools", "must be a list of tools");
+  return body.tools.map((t: unknown, i) => {
+    const fn = isObject(t) ? t.function : undefined;
+    if (!isObject(t) || t.type !== "function" || !isObject(fn)) throw invalid(`tools[${i}]`, "must be {type: \"function\", function: {name, description, parameters}}");
+    if (typeof fn.name !== "string" || fn.name === "") throw invalid(`tools[${i}].function.name`, "must be a non-empty string");
+    if (present(fn, "parameters") && !isObject(fn.parameters)) throw invalid(`tools[${i}].function.parameters`, "must be a JSON schema object");
+    return t;
+  });
+}
+
+function toolChoice(body: Json, declared: Json[]): ToolChoice {
+  const v = body.tool_choice;
+  const names = declared.map((t) => (t.function as Json).name);
+  if (!present(body, "tool_choice")) return declared.length > 0 ? "auto" : "none";
+  if (v === "none" || v === "auto" || v === "required") {
+    if (v === "required" && declared.length === 0) throw invalid("tool_choice", "\"required\" needs tools");
+    return v;
+  }
+  const fn = isObject(v) && v.type === "function" && isObject(v.function) ? v.function : null;
+  if (!fn || typeof fn.name !== "string") throw invalid("tool_choice", "must be \"none\", \"auto\", \"required\" or {type: \"function\", function: {name}}");
+  if (!names.includes(fn.name)) throw invalid("tool_choice", `names function "${fn.name}", which is not in tools`);
+  return { name: fn.name };
+}
+
 export function parseChatRequest(body: Json): ChatRequest {
   if (!Array.isArray(body.messages) || body.messages.length === 0) throw invalid("messages", "must be a non-empty list");
-  const messages = body.messages.map((m: unknown, i): ChatMessage => {
-    const msg = m as Json;
-    if (typeof msg !== "object" || msg === null || Array.isArray(msg)) throw invalid(`messages[${i}]`, "must be an object");
-    if (typeof msg.role !== "string" || !["system", "developer", "user", "assistant", "tool"].includes(msg.role)) {
-      throw invalid(`messages[${i}].role`, "must be one of system, developer, user, assistant, tool");
-    }
-    return { role: msg.role === "developer" ? "system" : msg.role, content: messageContent(msg.content, i) };
-  });
+  const messages = body.messages.map(chatMessage);
   const wantLogprobs = bool(body, "logprobs");
   const top = num(body, "top_logprobs", 0, 0, MAX_LOGPROBS, true);
   if (present(body, "top_logprobs") && !wantLogprobs) throw invalid("top_logprobs", "requires logprobs: true");
-  return { kind: "chat", messages, ...common(body, wantLogprobs ? top : null) };
+  if (present(body, "chat_template_kwargs") && !isObject(body.chat_template_kwargs)) throw invalid("chat_template_kwargs", "must be an object");
+  const declared = tools(body);
+  return {
+    kind: "chat", messages, tools: declared, toolChoice: toolChoice(body, declared), parallelToolCalls: bool(body, "parallel_tool_calls", true),
+    chatTemplateKwargs: present(body, "chat_template_kwargs") ? (body.chat_template_kwargs as Json) : {},
+    ...common(body, wantLogprobs ? top : null),
+  };
 }
 
 export function parseCompletionRequest(body: Json): CompletionRequest {

@@ -40,6 +40,8 @@ export interface TestServerOptions {
   http?: { allowedOrigins?: string[]; allowedHosts?: string[]; limits?: Partial<HttpLimits> };
   /** Wraps each model's runner (fault injection). */
   wrapRunner?: ManagerHooks["wrapRunner"];
+  /** Serve the Files and Batches API (files in a temp dir unless `dataDir`). */
+  batch?: { dataDir?: string; maxFileBytes?: number };
 }
 
 let modelDir: string | null = null;
@@ -64,6 +66,7 @@ export async function startServer(o: TestServerOptions = {}): Promise<TestServer
     manager, auth, usage, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false,
     http: { allowedOrigins: o.http?.allowedOrigins ?? [], allowedHosts: o.http?.allowedHosts ?? [], limits: { ...DEFAULT_HTTP_LIMITS, ...o.http?.limits } },
     rateLimiter: new RateLimiter(o.rateLimits ?? { requestsPerMinute: 0, tokensPerMinute: 0 }), sseLimits: o.sseLimits ?? DEFAULT_SSE_LIMITS,
+    ...(o.batch ? { batch: { dbFile, dataDir: o.batch.dataDir ?? tempDir(), maxFileBytes: o.batch.maxFileBytes ?? 200 * 2 ** 20 } } : {}),
   });
   await server.app.listen({ host: "127.0.0.1", port: 0 });
   const port = (server.app.server.address() as { port: number }).port;

@@ -1,0 +1,130 @@
+// AMX-BF16 tiles: bfloat16 mode's matmul for every row count; every other loop
+// is the AVX-512 set's. A TDPBF16PS computes each output row from that row of A
+// alone, so a row's result does not depend on how many rows share its tile: the
+// reduction order per output is tile order (see MatmulBf16Fn) whatever T is.
+// One row (decode) also goes through the tiles rather than vdpbf16ps, whose
+// pair order rounds differently: mixing them would make a row's logits depend
+// on its batch size.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#include <algorithm>
+#include <cstring>
+#include "kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+
+namespace weft {
+namespace {
+
+// Palette 1: up to 8 tiles of 16 rows × 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, startRow = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: C 0,1 (rows block 0 × column tiles 0,1), C 2,3 (rows block 1), A 4,5 (rows blocks), B 6,7 (column tiles).
+void configure(int m0, int m1) {
+  TileConfig c;
+  auto set = [&c](int tile, int rows) {
+    c.rows[tile] = static_cast<uint8_t>(rows);
+    c.colsb[tile] = rows ? 64 : 0;
+  };
+  for (int t : {0, 1, 4}) set(t, m0);
+  for (int t : {2, 3, 5}) set(t, m1);
+  set(6, 16);
+  set(7, 16);
+  _tile_loadconfig(&c);
+}
+
+// Copies a C tile, stored to `buf` (16 × 16), into y at row t0 (m rows), column tile g.
+inline void copyC(const float* buf, float* y, const PackedMatrix& w, int t0, int m, int g) {
+  const int cols = std::min(kTileCols, w.N - g * kTileCols);
+  float* out = y + static_cast<size_t>(t0) * w.N + g * kTileCols;
+  for (int r = 0; r < m; r++) std::memcpy(out + static_cast<size_t>(r) * w.N, buf + r * kTileCols, cols * 4);
+}
+
+// The tile number is an instruction operand, hence a macro.
+#define WEFT_STORE_C(tile, t0, m, g)       \
+  do {                                     \
+    _tile_stored(tile, buf, kTileCols * 4); \
+    copyC(buf, y, w, t0, m, g);            \
+  } while (0)
+
+constexpr int kPrefetchTiles = 4;
+
+// Up to 32 rows × up to 2 column tiles, accumulated in tiles across the whole of K.
+template <bool TwoRows, bool TwoCols>
+inline void block(const uint16_t* xp, int t0, int m0, int m1, const PackedMatrix& w, int g, float* y) {
+  const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
+  const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols, tileElems = kTileK * kTileCols;
+  const long xStride = static_cast<long>(w.Kp) * 2;
+  const uint16_t* x0 = xp + static_cast<size_t>(t0) * w.Kp;
+  const uint16_t* x1 = x0 + static_cast<size_t>(16) * w.Kp;
+  _tile_zero(0);
+  if (TwoCols) _tile_zero(1);
+  if (TwoRows) _tile_zero(2);
+  if (TwoRows && TwoCols) _tile_zero(3);
+  const int tiles = w.Kp / kTileK;
+  for (int kb = 0; kb < tiles; kb++) {
+    if (kb + kPrefetchTiles < tiles) {  // tile loads wait on memory; ask for the weights a few tiles ahead
+      const char* next = reinterpret_cast<const char*>(wg + (kb + kPrefetchTiles) * tileElems);
+      for (int line = 0; line < 1024; line += 64) {
+        _mm_prefetch(next + line, _MM_HINT_T0);
+        if (TwoCols) _mm_prefetch(next + tileStride * 2 + line, _MM_HINT_T0);
+      }
+    }
+    _tile_loadd(4, x0 + kb * kTileK, xStride);
+    if (TwoRows) _tile_loadd(5, x1 + kb * kTileK, xStride);
+    _tile_loadd(6, wg + kb * tileElems, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (TwoRows) _tile_dpbf16ps(2, 5, 6);
+    if (TwoCols) {
+      _tile_loadd(7, wg + tileStride + kb * tileElems, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      if (TwoRows) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float buf[16 * kTileCols];
+  WEFT_STORE_C(0, t0, m0, g);
+  if (TwoCols) WEFT_STORE_C(1, t0, m0, g + 1);
+  if (TwoRows) WEFT_STORE_C(2, t0 + 16, m1, g);
+  if (TwoRows && TwoCols) WEFT_STORE_C(3, t0 + 16, m1, g + 1);
+}
+
+// Column tiles in pairs, outermost: their weights stay in L2 while every row passes.
+void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  int c0 = -1, c1 = -1;
+  for (int g = g0; g < g1; g += 2) {
+    const bool twoCols = g + 1 < g1;
+    for (int t = 0; t < T; t += 32) {
+      const int m0 = std::min(16, T - t), m1 = std::max(0, std::min(16, T - t - 16));
+      if (m0 != c0 || m1 != c1) configure(c0 = m0, c1 = m1);
+      if (m1 > 0 && twoCols) block<true, true>(xp, t, m0, m1, w, g, y);
+      else if (m1 > 0) block<true, false>(xp, t, m0, m1, w, g, y);
+      else if (twoCols) block<false, true>(xp, t, m0, m1, w, g, y);
+      else block<false, false>(xp, t, m0, m1, w, g, y);
+    }
+  }
+  _tile_release();  // no tile state left for context switches to save
+}
+
+}  // namespace
+
+const Kernels& kernelsAmx() {
+  static const Kernels k = [] {
+    Kernels s = kernelsAvx512();
+    s.name = "amx";
+    s.matmulBf16 = matmulBf16;
+    s.bf16Hardware = true;
+    return s;
+  }();
+  return k;
+}
+
+}  // namespace weft
+
+#pragma GCC pop_options
