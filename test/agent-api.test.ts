@@ -17,6 +17,7 @@ import type { RunnerSequence, StepResult } from "../src/runtime/model-runner.js"
 import { TextTokenizer } from "../src/model/tokenizer.js";
 import { DEFAULT_CHAT_SETTINGS, outputSpec } from "../src/server/chat-settings.js";
 import { parseChatRequest } from "../src/server/request-schema.js";
+import { encodePrompts } from "../src/server/engine-requests.js";
 import { completeFixtureModel } from "./helpers.js";
 import { fixtureModelDir, startServer, type TestServer } from "./support/server.js";
 
@@ -198,6 +199,14 @@ test("--reasoning-parser none leaves think blocks in the content; a template wit
   assert.notEqual(outputSpec(r, tok, { ...plain, reasoningParser: "qwen3" }, [1], "tiny").reasoning, null);
 });
 
+test("--chat-template replaces the model's template in the prompts the engine runs", async () => {
+  const model = await s.manager.acquire("tiny", "test");
+  const chat = { ...DEFAULT_CHAT_SETTINGS, chatTemplate: "<<{{ messages[0].content }}|{{ enable_thinking }}>>" };
+  const r = parseChatRequest({ model: "tiny", messages: USER, chat_template_kwargs: { enable_thinking: false } });
+  const [ids] = await encodePrompts(r, model, undefined, chat);
+  assert.equal(tok.decode(ids!, false), "<<Weather in Paris?|false>>");
+});
+
 test("skip_special_tokens false keeps special tokens' text; the default leaves it out", async () => {
   script = [...tok.encode("a", false), tok.tokenId("<|im_start|>")!, ...tok.encode("b", false)];
   const text = async (extra: object): Promise<string> => {
@@ -250,6 +259,21 @@ test("min_tokens bans EOS from sampling until it is reached (native), even when 
   assert.equal(c.token_ids.length, 4, "EOS is sampled the moment min_tokens allows it");
   assert.equal(c.token_ids[3], EOS);
   assert.equal(c.finish_reason, "stop");
+});
+
+test("seed: all 64 bits choose the stream (seeds equal in their low 32 bits differ); negative seeds are two's complement", async () => {
+  const sampled = async (seed: number): Promise<number[]> => {
+    const r = await post("/v1/completions", { model: "real", prompt: "Hello", max_tokens: 8, temperature: 1, ignore_eos: true, return_token_ids: true, seed });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    return (r.json.choices as { token_ids: number[] }[])[0]!.token_ids;
+  };
+  const low = await sampled(5);
+  assert.deepEqual(await sampled(5), low, "same seed, same tokens");
+  assert.notDeepEqual(await sampled(5 + 2 ** 32), low, "bits above 32 count");
+  assert.notDeepEqual(await sampled(5 + 2 ** 52), low, "bits above 52 count");
+  assert.deepEqual(await sampled(-1), await sampled(-1));
+  const over = await post("/v1/completions", { model: "real", prompt: "x", seed: 2 ** 64 });
+  assert.equal((over.json.error as { param: string }).param, "seed");
 });
 
 test("/tokenize and /detokenize in vLLM's shapes", async () => {

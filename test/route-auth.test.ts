@@ -12,7 +12,7 @@ import { startServer, type TestServer } from "./support/server.js";
 let s: TestServer;
 let key: string;
 before(async () => {
-  s = await startServer({ protectMetrics: true });
+  s = await startServer({ protectMetrics: true, batch: {} });
   key = s.store.create("alice", "normal");
   await new Promise((r) => setTimeout(r, 1100)); // the key set is re-read every second
 });
@@ -26,6 +26,8 @@ const PROTECTED: { method: "GET" | "POST"; path: string }[] = [
   { method: "POST", path: "/v1/batch/completions" },
   { method: "POST", path: "/v1/batch/chat/completions" },
   { method: "GET", path: "/metrics" },
+  { method: "GET", path: "/v1/files" },
+  { method: "GET", path: "/v1/batches" },
 ];
 
 const hex = (c: string): string => c.charCodeAt(0).toString(16).padStart(2, "0");
