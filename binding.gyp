@@ -14,6 +14,9 @@
         "native/kernels_avx512.cpp",
         "native/kernels_avx2.cpp",
         "native/kernels_scalar.cpp",
+        "native/kernels_quant.cpp",
+        "native/kernels_quant_avx2.cpp",
+        "native/kernels_quant_vnni.cpp",
         "native/roofline.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

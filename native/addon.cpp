@@ -6,6 +6,7 @@
 #include <memory>
 #include <stdexcept>
 #include "model.h"
+#include "quant.h"
 #include "roofline.h"
 
 namespace weft {
@@ -35,13 +36,6 @@ int intField(const Napi::Object& o, const char* key) {
   return v.As<Napi::Number>().Int32Value();
 }
 
-DType parseDType(const std::string& s) {
-  if (s == "f32") return DType::F32;
-  if (s == "f16") return DType::F16;
-  if (s == "bf16") return DType::BF16;
-  throw std::invalid_argument("unsupported dtype " + s);
-}
-
 Tensor parseTensor(const Napi::Object& spec, const char* key, MappedFiles& files, bool optional = false) {
   Napi::Value v = spec.Get(key);
   if (v.IsUndefined() || v.IsNull()) {
@@ -54,13 +48,12 @@ Tensor parseTensor(const Napi::Object& spec, const char* key, MappedFiles& files
   double length = t.Get("byteLength").As<Napi::Number>().DoubleValue();
   Napi::Array shape = t.Get("shape").As<Napi::Array>();
   Tensor out;
-  out.dtype = parseDType(t.Get("dtype").As<Napi::String>());
+  out.dtype = dtypeFromName(t.Get("dtype").As<Napi::String>());
   out.rows = shape.Length() == 2 ? shape.Get(0u).As<Napi::Number>().Int32Value() : 1;
   out.cols = shape.Get(shape.Length() - 1).As<Napi::Number>().Int32Value();
-  size_t elem = out.dtype == DType::F32 ? 4 : 2;
   size_t size = 0;
   const unsigned char* base = files.map(file, &size);
-  if (static_cast<double>(out.rows) * out.cols * elem != length || offset + length > static_cast<double>(size))
+  if (out.cols % blockElems(out.dtype) != 0 || static_cast<double>(tensorBytes(out.dtype, out.rows, out.cols)) != length || offset + length > static_cast<double>(size))
     throw std::invalid_argument(std::string("tensor ") + key + " does not fit its file " + file);
   out.data = base + static_cast<size_t>(offset);
   return out;
@@ -114,6 +107,11 @@ ModelConfig parseConfig(const Napi::Object& o) {
   const std::string mode = dtype.IsString() ? dtype.As<Napi::String>().Utf8Value() : "";
   if (mode != "float32" && mode != "bfloat16") throw std::invalid_argument("dtype must be float32 or bfloat16");
   c.bf16 = mode == "bfloat16";
+  const Napi::Value kv = o.Get("kvCacheDtype");
+  const std::string kvMode = kv.IsString() ? kv.As<Napi::String>().Utf8Value() : "";
+  if (kvMode != "float32" && kvMode != "bfloat16" && kvMode != "float16")
+    throw std::invalid_argument("kvCacheDtype must be float32, bfloat16 or float16");
+  c.kvDtype = kvMode == "float32" ? DType::F32 : kvMode == "bfloat16" ? DType::BF16 : DType::F16;
   if (c.hidden <= 0 || c.layers <= 0 || c.heads <= 0 || c.kvHeads <= 0 || c.heads % c.kvHeads != 0 ||
       c.headDim <= 0 || c.headDim % 2 != 0 || c.vocab <= 0 || c.numBlocks <= 0 || c.blockSize <= 0)
     throw std::invalid_argument("invalid model dimensions");
@@ -359,6 +357,8 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     r.Set("threads", omp_get_max_threads());
     r.Set("kvCacheBytes", static_cast<double>(m.kvCacheBytes()));
     r.Set("dtype", m.config().bf16 ? "bfloat16" : "float32");
+    const DType kv = m.config().kvDtype;
+    r.Set("kvCacheDtype", kv == DType::F32 ? "float32" : kv == DType::BF16 ? "bfloat16" : "float16");
     return r;
   }
 

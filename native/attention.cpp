@@ -4,6 +4,7 @@
 #include "ops.h"
 
 namespace weft {
+namespace {
 
 // One job per (sequence, KV head). Its queries — every row of the sequence in
 // this step × the query heads sharing the KV head — are taken in tiles of 24:
@@ -17,16 +18,37 @@ namespace weft {
 // Queries per tile: several score-kernel groups share each fetched key block.
 constexpr int kTile = 4 * kMaxScoreQueries;
 
-void pagedAttention(const Kernels& k, const AttentionArgs& a) {
+// The score and value kernels for a pool of element E: fp32, or 16-bit widened in registers.
+void scores(const Kernels& k, DType, const float* const* qs, int nq, const float* kt, int bs, int hd, int n, float scale,
+            float* const* out) {
+  k.scores(qs, nq, kt, bs, hd, n, scale, out);
+}
+void scores(const Kernels& k, DType kv, const float* const* qs, int nq, const uint16_t* kt, int bs, int hd, int n, float scale,
+            float* const* out) {
+  k.scoresHalf(qs, nq, kt, kv, bs, hd, n, scale, out);
+}
+void weightedSum(const Kernels& k, DType, const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd,
+                 float* const* outs) {
+  k.weightedSum(ps, ns, nq, vrows, hd, outs);
+}
+void weightedSum(const Kernels& k, DType kv, const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, int hd,
+                 float* const* outs) {
+  k.weightedSumHalf(ps, ns, nq, vrows, kv, hd, outs);
+}
+
+template <class E>
+void attend(const Kernels& k, const AttentionArgs& a) {
   const int group = a.heads / a.kvHeads;
   const int bs = a.blockSize;
   const size_t vRow = static_cast<size_t>(a.kvHeads) * a.hd;
   const int jobs = a.numSeqs * a.kvHeads;
+  const E* kCache = static_cast<const E*>(a.kCache);
+  const E* vCache = static_cast<const E*>(a.vCache);
 #pragma omp parallel
   {
     // Per worker thread, kept across steps: no allocation per step.
     static thread_local std::vector<float> scoreBuf;
-    static thread_local std::vector<const float*> vrows;
+    static thread_local std::vector<const E*> vrows;
 #pragma omp for schedule(dynamic, 1)
     for (int job = 0; job < jobs; job++) {
       const int s = job / a.kvHeads, kvh = job % a.kvHeads;
@@ -51,14 +73,14 @@ void pagedAttention(const Kernels& k, const AttentionArgs& a) {
         // Block by block, every query of the tile: a key block is fetched once and reused from L1
         // by all of them, so prefill's K traffic grows with (prompt length)² / tile, not (prompt length)².
         for (int b = 0; b * bs < maxCtx; b++) {
-          const float* kt = a.kCache + (static_cast<size_t>(table[b]) * a.kvHeads + kvh) * a.hd * bs;
+          const E* kt = kCache + (static_cast<size_t>(table[b]) * a.kvHeads + kvh) * a.hd * bs;
           for (int g0 = 0; g0 < nq; g0 += kMaxScoreQueries) {
             const int m = std::min(kMaxScoreQueries, nq - g0);
             const int keys = std::min(bs, *std::max_element(ctx + g0, ctx + g0 + m) - b * bs);
             if (keys <= 0) continue;
             float* out[kMaxScoreQueries];
             for (int i = 0; i < m; i++) out[i] = sc[g0 + i] + b * bs;
-            k.scores(qs + g0, m, kt, bs, a.hd, keys, a.scale, out);
+            scores(k, a.kvDtype, qs + g0, m, kt, bs, a.hd, keys, a.scale, out);
           }
         }
         for (int i = 0; i < nq; i++) {
@@ -68,7 +90,7 @@ void pagedAttention(const Kernels& k, const AttentionArgs& a) {
         }
         if (vrows.size() < static_cast<size_t>(maxCtx)) vrows.resize(maxCtx);
         for (int j = 0; j < maxCtx; j++)
-          vrows[j] = a.vCache + (static_cast<size_t>(table[j / bs]) * bs + j % bs) * vRow + static_cast<size_t>(kvh) * a.hd;
+          vrows[j] = vCache + (static_cast<size_t>(table[j / bs]) * bs + j % bs) * vRow + static_cast<size_t>(kvh) * a.hd;
         for (int i = 0; i < nq; i += 3) {  // values: three queries share each loaded V row
           const int m = std::min(3, nq - i);
           const float* ps[3];
@@ -77,11 +99,18 @@ void pagedAttention(const Kernels& k, const AttentionArgs& a) {
             ps[r] = sc[i + r];
             outs[r] = a.out + (static_cast<size_t>(t[i + r]) * a.heads + h[i + r]) * a.hd;
           }
-          k.weightedSum(ps, ctx + i, m, vrows.data(), a.hd, outs);
+          weightedSum(k, a.kvDtype, ps, ctx + i, m, vrows.data(), a.hd, outs);
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void pagedAttention(const Kernels& k, const AttentionArgs& a) {
+  if (a.kvDtype == DType::F32) attend<float>(k, a);
+  else attend<uint16_t>(k, a);
 }
 
 }  // namespace weft

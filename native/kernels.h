@@ -12,8 +12,10 @@
 
 namespace weft {
 
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };
+// F32/F16/BF16, and GGUF's block-quantized types (see quant.h).
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13 };
 
+// Bytes per element of the float types (quantized types: tensorBytes in quant.h).
 inline size_t dtypeBytes(DType d) { return d == DType::F32 ? 4 : 2; }
 
 // Columns per packed group: a kernel tile is this many output columns wide.
@@ -56,6 +58,17 @@ using MatmulFn = void (*)(const float* xp, int T, const PackedMatrix& w, float* 
 // by FMAs, then acc += (even + odd) — what TDPBF16PS does on the CPUs we have
 // measured. Either way the order is fixed per output: batch-invariant.
 using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
+// Block-quantized weights (w.dtype Q8_0 … Q6_K, rows kept in ggml's block layout):
+// y[t, n] = Σ_k x[t, k] · w[n, k] for the columns [n0, n1), all rows t < T, with `x`
+// the rows quantized to int8 per 32-element block (quantizeActivations). Each
+// weight row is unpacked once and reused by every row t; integer dot products
+// per 4 inputs, fp32 accumulation in the fixed order quant.h spells out, which
+// every kernel set follows: bit-identical across sets and batch-invariant.
+struct QuantActBlock;
+using MatmulQuantFn = void (*)(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
+// The quantized matmul for a kernel set: vpdpbusd (AVX512-VNNI) for the AVX-512
+// sets when the CPU has it, AVX2 (vpmaddubsw) for avx2 and AVX-512 without VNNI, else scalar.
+MatmulQuantFn quantMatmulFor(const char* kernelSet);
 // y[i] += alpha * x[i]
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
@@ -71,6 +84,18 @@ using ScoresFn = void (*)(const float* const* qs, int nq, const float* kt, int s
 // order, of ps[q][j] * vrows[j] (hd floats each). Each output element is a
 // chain of FMAs in key order, as an axpy per key would compute it.
 using WeightedSumFn = void (*)(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs);
+// A bf16/f16 KV cache: ScoresFn and WeightedSumFn over 16-bit elements of type `kv`, each
+// widened exactly to fp32 in registers, then reduced in the same order as the fp32 kernels
+// (so a row's result is as independent of its batch as with an fp32 cache).
+using ScoresHalfFn = void (*)(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out);
+using WeightedSumHalfFn = void (*)(const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, DType kv, int hd, float* const* outs);
+// The element a KV pool of dtype D stores.
+template <DType D>
+struct KvElemOf { using type = uint16_t; };
+template <>
+struct KvElemOf<DType::F32> { using type = float; };
+template <DType D>
+using KvElem = typename KvElemOf<D>::type;
 // g[i] = silu(g[i]) * u[i]
 using SiluMulFn = void (*)(float* g, const float* u, int n);
 // s[i] = exp(s[i] - max); returns the sum of the new s, in a fixed order.
@@ -91,6 +116,12 @@ struct Kernels {
   // Whether matmulBf16 runs on bf16 hardware (vdpbf16ps or AMX) rather than
   // emulating it with fp32 FMAs: `--dtype auto` picks bfloat16 only then.
   bool bf16Hardware;
+  // Attention over a bf16/f16 KV cache (assigned by name after the positional fields).
+  ScoresHalfFn scoresHalf = nullptr;
+  WeightedSumHalfFn weightedSumHalf = nullptr;
+  // Block-quantized weights; chosen from the set's name (sets copied from
+  // another inherit its choice, as amx and avx512bf16 inherit avx512's).
+  MatmulQuantFn matmulQuant = quantMatmulFor(name);
 };
 
 const Kernels& kernelsAmx();
@@ -132,6 +163,29 @@ inline float bf16ToF32(uint16_t h) {
   return f;
 }
 float f16ToF32(uint16_t h);
+// Nearest-even rounding to IEEE half, as torch's .to(float16) and vcvtps2ph: beyond 65504 is
+// infinity, below 2^-14 subnormal; NaN stays NaN.
+inline uint16_t f32ToF16(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7FFFFFFFu;
+  if (x > 0x7F800000u) return sign | 0x7E00u | static_cast<uint16_t>((x >> 13) & 0x3FFu);
+  if (x >= 0x477FF000u) return sign | 0x7C00u;  // 65520 and up round to infinity
+  if (x >= 0x38800000u) {                       // a normal half: rebias the exponent, round 13 bits away
+    x -= 0x38000000u;
+    x += 0xFFFu + ((x >> 13) & 1u);
+    return sign | static_cast<uint16_t>(x >> 13);
+  }
+  // Subnormal: adding 0.5 leaves a value whose ulp is 2^-24, the half's subnormal step, so the
+  // FPU's own nearest-even rounding picks the count of steps (0x400 is the smallest normal).
+  float a, t;
+  __builtin_memcpy(&a, &x, 4);
+  t = a + 0.5f;
+  uint32_t bits;
+  __builtin_memcpy(&bits, &t, 4);
+  return sign | static_cast<uint16_t>(bits - 0x3F000000u);
+}
 // Nearest-even rounding, as torch's .to(bfloat16); NaN stays NaN.
 inline uint16_t f32ToBf16(float f) {
   uint32_t bits;

@@ -180,8 +180,27 @@ float expSum(float* s, int n, float max) {
   return sum;
 }
 
-template <int NQ>
-void scoresN(const float* const* qs, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+// Up to eight cached K/V elements (`lanes`, the rest zero), widened exactly to fp32.
+template <DType D>
+inline __m256 loadKv(const KvElem<D>* p, int lanes, __m256i mask) {
+  if constexpr (D == DType::F32) {
+    return _mm256_maskload_ps(p, mask);
+  } else {
+    __m128i h;
+    if (lanes == 8) {
+      h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {  // AVX2 has no masked 16-bit load
+      alignas(16) uint16_t buf[8] = {};
+      for (int i = 0; i < lanes; i++) buf[i] = p[i];
+      h = _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
+    }
+    if constexpr (D == DType::F16) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <DType D, int NQ>
+void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int j = 0; j < n; j += 8) {
     const int lanes = n - j >= 8 ? 8 : n - j;
@@ -189,7 +208,7 @@ void scoresN(const float* const* qs, const float* kt, int stride, int hd, int n,
     __m256 acc[NQ];
     for (int q = 0; q < NQ; q++) acc[q] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d++) {
-      const __m256 k = _mm256_maskload_ps(kt + static_cast<size_t>(d) * stride + j, m);
+      const __m256 k = loadKv<D>(kt + static_cast<size_t>(d) * stride + j, lanes, m);
       for (int q = 0; q < NQ; q++) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qs[q][d]), k, acc[q]);
     }
     for (int q = 0; q < NQ; q++) _mm256_maskstore_ps(out[q] + j, m, _mm256_mul_ps(acc[q], sv));
@@ -197,29 +216,61 @@ void scoresN(const float* const* qs, const float* kt, int stride, int hd, int n,
 }
 
 // The query count is a template argument so the accumulators live in registers.
-void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+template <DType D>
+void scoresTyped(const float* const* qs, int nq, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
   switch (nq) {
-    case 6: return scoresN<6>(qs, kt, stride, hd, n, scale, out);
-    case 5: return scoresN<5>(qs, kt, stride, hd, n, scale, out);
-    case 4: return scoresN<4>(qs, kt, stride, hd, n, scale, out);
-    case 3: return scoresN<3>(qs, kt, stride, hd, n, scale, out);
-    case 2: return scoresN<2>(qs, kt, stride, hd, n, scale, out);
-    default: return scoresN<1>(qs, kt, stride, hd, n, scale, out);
+    case 6: return scoresN<D, 6>(qs, kt, stride, hd, n, scale, out);
+    case 5: return scoresN<D, 5>(qs, kt, stride, hd, n, scale, out);
+    case 4: return scoresN<D, 4>(qs, kt, stride, hd, n, scale, out);
+    case 3: return scoresN<D, 3>(qs, kt, stride, hd, n, scale, out);
+    case 2: return scoresN<D, 2>(qs, kt, stride, hd, n, scale, out);
+    default: return scoresN<D, 1>(qs, kt, stride, hd, n, scale, out);
   }
 }
 
-void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
+// y[i] += alpha * x[i] for a cached V row: the same operations as axpy on the widened row.
+template <DType D>
+void axpyKv(float alpha, const KvElem<D>* x, float* y, int n) {
+  if constexpr (D == DType::F32) {
+    axpy(alpha, x, y, n);
+  } else {
+    const __m256 av = _mm256_set1_ps(alpha);
+    const __m256i all = _mm256_set1_epi32(-1);
+    const int nv = n & ~7;
+    for (int i = 0; i < nv; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, loadKv<D>(x + i, 8, all), _mm256_loadu_ps(y + i)));
+    for (int i = nv; i < n; i++) y[i] += alpha * (D == DType::F16 ? f16ToF32(x[i]) : bf16ToF32(x[i]));
+  }
+}
+
+template <DType D>
+void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvElem<D>* const* vrows, int hd, float* const* outs) {
   for (int q = 0; q < nq; q++) {
     float* o = outs[q];
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
-    for (int j = 0; j < ns[q]; j++) axpy(ps[q][j], vrows[j], o, hd);
+    for (int j = 0; j < ns[q]; j++) axpyKv<D>(ps[q][j], vrows[j], o, hd);
   }
+}
+
+void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out) {
+  if (kv == DType::F16) scoresTyped<DType::F16>(qs, nq, kt, stride, hd, n, scale, out);
+  else scoresTyped<DType::BF16>(qs, nq, kt, stride, hd, n, scale, out);
+}
+
+void weightedSumHalf(const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, DType kv, int hd, float* const* outs) {
+  if (kv == DType::F16) weightedSumTyped<DType::F16>(ps, ns, nq, vrows, hd, outs);
+  else weightedSumTyped<DType::BF16>(ps, ns, nq, vrows, hd, outs);
 }
 
 }  // namespace
 
 const Kernels& kernelsAvx2() {
-  static const Kernels k{"avx2", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};
+  static const Kernels k = [] {
+    Kernels s{"avx2", L, matmul, axpy, siluMul, expSum, scoresTyped<DType::F32>, weightedSumTyped<DType::F32>, matmulBf16, false};
+    s.scoresHalf = scoresHalf;
+    s.weightedSumHalf = weightedSumHalf;
+    return s;
+  }();
   return k;
 }
 

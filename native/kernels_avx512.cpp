@@ -180,20 +180,32 @@ float expSum(float* s, int n, float max) {
   return _mm512_reduce_add_ps(acc);
 }
 
+// Sixteen cached K/V elements (fewer under the mask), widened exactly to fp32.
+template <DType D>
+inline __m512 loadKv(const KvElem<D>* p, __mmask16 m) {
+  if constexpr (D == DType::F32) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if constexpr (D == DType::F16) return _mm512_cvtph_ps(h);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
 // NQ queries' outputs over keys [j0, j1), accumulators in registers; `acc` starts from outs.
-template <int NQ>
-inline void weightedSumRange(const float* const* ps, const float* const* vrows, int j0, int j1, int d0, const __mmask16* mk,
+template <DType D, int NQ>
+inline void weightedSumRange(const float* const* ps, const KvElem<D>* const* vrows, int j0, int j1, int d0, const __mmask16* mk,
                              float* const* outs, bool fresh) {
   __m512 acc[NQ][8];
   for (int q = 0; q < NQ; q++)
     for (int c = 0; c < 8; c++) acc[q][c] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[c], outs[q] + d0 + 16 * c);
   for (int j = j0; j < j1; j++) {
-    const float* v = vrows[j] + d0;
+    const KvElem<D>* v = vrows[j] + d0;
     __m512 p[NQ];
     for (int q = 0; q < NQ; q++) p[q] = _mm512_set1_ps(ps[q][j]);
     for (int c = 0; c < 8; c++) {
       if (!mk[c]) break;
-      const __m512 vc = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
+      const __m512 vc = loadKv<D>(v + 16 * c, mk[c]);
       for (int q = 0; q < NQ; q++) acc[q][c] = _mm512_fmadd_ps(p[q], vc, acc[q][c]);
     }
   }
@@ -203,7 +215,8 @@ inline void weightedSumRange(const float* const* ps, const float* const* vrows, 
 
 // Keys every query has are done for all at once (registers shared); each query then finishes its
 // own remaining keys. Either way an output element sees its FMAs in key order.
-void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
+template <DType D>
+void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvElem<D>* const* vrows, int hd, float* const* outs) {
   int common = ns[0];
   for (int q = 1; q < nq; q++) common = ns[q] < common ? ns[q] : common;
   for (int d0 = 0; d0 < hd; d0 += 128) {  // 8 vectors of output per query stay in registers
@@ -213,24 +226,24 @@ void weightedSum(const float* const* ps, const int* ns, int nq, const float* con
       mk[c] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
     }
     switch (nq) {
-      case 3: weightedSumRange<3>(ps, vrows, 0, common, d0, mk, outs, true); break;
-      case 2: weightedSumRange<2>(ps, vrows, 0, common, d0, mk, outs, true); break;
-      default: weightedSumRange<1>(ps, vrows, 0, common, d0, mk, outs, true); break;
+      case 3: weightedSumRange<D, 3>(ps, vrows, 0, common, d0, mk, outs, true); break;
+      case 2: weightedSumRange<D, 2>(ps, vrows, 0, common, d0, mk, outs, true); break;
+      default: weightedSumRange<D, 1>(ps, vrows, 0, common, d0, mk, outs, true); break;
     }
     for (int q = 0; q < nq; q++)
-      if (ns[q] > common) weightedSumRange<1>(ps + q, vrows, common, ns[q], d0, mk, outs + q, false);
+      if (ns[q] > common) weightedSumRange<D, 1>(ps + q, vrows, common, ns[q], d0, mk, outs + q, false);
   }
 }
 
-template <int NQ>
-void scoresN(const float* const* qs, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+template <DType D, int NQ>
+void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
   const __m512 sv = _mm512_set1_ps(scale);
   for (int j = 0; j < n; j += 16) {
     const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
     __m512 acc[NQ];
     for (int q = 0; q < NQ; q++) acc[q] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
-      const __m512 k = _mm512_maskz_loadu_ps(m, kt + static_cast<size_t>(d) * stride + j);
+      const __m512 k = loadKv<D>(kt + static_cast<size_t>(d) * stride + j, m);
       for (int q = 0; q < NQ; q++) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(qs[q][d]), k, acc[q]);
     }
     for (int q = 0; q < NQ; q++) _mm512_mask_storeu_ps(out[q] + j, m, _mm512_mul_ps(acc[q], sv));
@@ -238,21 +251,37 @@ void scoresN(const float* const* qs, const float* kt, int stride, int hd, int n,
 }
 
 // The query count is a template argument so the accumulators live in registers.
-void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+template <DType D>
+void scoresTyped(const float* const* qs, int nq, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
   switch (nq) {
-    case 6: return scoresN<6>(qs, kt, stride, hd, n, scale, out);
-    case 5: return scoresN<5>(qs, kt, stride, hd, n, scale, out);
-    case 4: return scoresN<4>(qs, kt, stride, hd, n, scale, out);
-    case 3: return scoresN<3>(qs, kt, stride, hd, n, scale, out);
-    case 2: return scoresN<2>(qs, kt, stride, hd, n, scale, out);
-    default: return scoresN<1>(qs, kt, stride, hd, n, scale, out);
+    case 6: return scoresN<D, 6>(qs, kt, stride, hd, n, scale, out);
+    case 5: return scoresN<D, 5>(qs, kt, stride, hd, n, scale, out);
+    case 4: return scoresN<D, 4>(qs, kt, stride, hd, n, scale, out);
+    case 3: return scoresN<D, 3>(qs, kt, stride, hd, n, scale, out);
+    case 2: return scoresN<D, 2>(qs, kt, stride, hd, n, scale, out);
+    default: return scoresN<D, 1>(qs, kt, stride, hd, n, scale, out);
   }
+}
+
+void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out) {
+  if (kv == DType::F16) scoresTyped<DType::F16>(qs, nq, kt, stride, hd, n, scale, out);
+  else scoresTyped<DType::BF16>(qs, nq, kt, stride, hd, n, scale, out);
+}
+
+void weightedSumHalf(const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, DType kv, int hd, float* const* outs) {
+  if (kv == DType::F16) weightedSumTyped<DType::F16>(ps, ns, nq, vrows, hd, outs);
+  else weightedSumTyped<DType::BF16>(ps, ns, nq, vrows, hd, outs);
 }
 
 }  // namespace
 
 const Kernels& kernelsAvx512() {
-  static const Kernels k{"avx512", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};
+  static const Kernels k = [] {
+    Kernels s{"avx512", L, matmul, axpy, siluMul, expSum, scoresTyped<DType::F32>, weightedSumTyped<DType::F32>, matmulBf16, false};
+    s.scoresHalf = scoresHalf;
+    s.weightedSumHalf = weightedSumHalf;
+    return s;
+  }();
   return k;
 }
 

@@ -97,21 +97,45 @@ float expSum(float* s, int n, float max) {
   return sum;
 }
 
-void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+// A cached K/V element widened exactly to fp32.
+inline float widenKv(float x) { return x; }
+inline float widenKv(uint16_t x, DType kv) { return kv == DType::F16 ? f16ToF32(x) : bf16ToF32(x); }
+
+template <class E, class Widen>
+void scoresTyped(const float* const* qs, int nq, const E* kt, int stride, int hd, int n, float scale, float* const* out, Widen widen) {
   for (int q = 0; q < nq; q++)
     for (int j = 0; j < n; j++) {
       float acc = 0.0f;
-      for (int d = 0; d < hd; d++) acc = std::fma(qs[q][d], kt[static_cast<size_t>(d) * stride + j], acc);
+      for (int d = 0; d < hd; d++) acc = std::fma(qs[q][d], widen(kt[static_cast<size_t>(d) * stride + j]), acc);
       out[q][j] = acc * scale;
     }
 }
 
-void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
+// Each output element: y += p * v per key, in key order, as axpy computes it.
+template <class E, class Widen>
+void weightedSumTyped(const float* const* ps, const int* ns, int nq, const E* const* vrows, int hd, float* const* outs, Widen widen) {
   for (int q = 0; q < nq; q++) {
     float* o = outs[q];
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
-    for (int j = 0; j < ns[q]; j++) axpy(ps[q][j], vrows[j], o, hd);
+    for (int j = 0; j < ns[q]; j++)
+      for (int d = 0; d < hd; d++) o[d] += ps[q][j] * widen(vrows[j][d]);
   }
+}
+
+void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+  scoresTyped(qs, nq, kt, stride, hd, n, scale, out, [](float x) { return widenKv(x); });
+}
+
+void weightedSum(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs) {
+  weightedSumTyped(ps, ns, nq, vrows, hd, outs, [](float x) { return widenKv(x); });
+}
+
+void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out) {
+  scoresTyped(qs, nq, kt, stride, hd, n, scale, out, [kv](uint16_t x) { return widenKv(x, kv); });
+}
+
+void weightedSumHalf(const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, DType kv, int hd, float* const* outs) {
+  weightedSumTyped(ps, ns, nq, vrows, hd, outs, [kv](uint16_t x) { return widenKv(x, kv); });
 }
 
 // Linux grants AMX tile state only on request (ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA).
@@ -178,7 +202,12 @@ void packActivationsBf16(const float* x, int T, int K, int Kp, uint16_t* out) {
 }
 
 const Kernels& kernelsScalar() {
-  static const Kernels k{"scalar", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};
+  static const Kernels k = [] {
+    Kernels s{"scalar", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};
+    s.scoresHalf = scoresHalf;
+    s.weightedSumHalf = weightedSumHalf;
+    return s;
+  }();
   return k;
 }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include "ops.h"
+#include "quant.h"
 
 namespace weft {
 
@@ -38,6 +39,22 @@ void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedM
     int g0 = static_cast<int>(static_cast<long>(tiles) * id / nt);
     int g1 = static_cast<int>(static_cast<long>(tiles) * (id + 1) / nt);
     if (g0 < g1) k.matmulBf16(xp, T, w, y, g0, g1);
+  }
+}
+
+void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
+  static thread_local std::vector<QuantActBlock> acts;  // grown to the largest step, per calling thread
+  const size_t blocks = static_cast<size_t>(T) * (w.K / kQBlock);
+  if (acts.size() < blocks) acts.resize(blocks);
+  quantizeActivations(x, T, w.K, acts.data());
+  const int groups = (w.N + kPackCols - 1) / kPackCols;
+  // As matmulPacked: contiguous runs of columns per thread, each output reduced by one thread.
+#pragma omp parallel
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int n0 = static_cast<int>(static_cast<long>(groups) * id / nt) * kPackCols;
+    int n1 = std::min(w.N, static_cast<int>(static_cast<long>(groups) * (id + 1) / nt) * kPackCols);
+    if (n0 < n1) k.matmulQuant(acts.data(), T, w, y, n0, n1);
   }
 }
 

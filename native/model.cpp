@@ -5,7 +5,9 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include "ops.h"
+#include "quant.h"
 
 namespace weft {
 namespace {
@@ -39,7 +41,10 @@ class Timer {
 
 Model::Model(ModelConfig config, Weights weights)
     : cfg_(std::move(config)), w_(std::move(weights)), k_(activeKernels()) {
-  auto pack = [this](const Tensor& t) { return cfg_.bf16 ? store_.packPairTiles(t) : store_.pack(t, k_.chunk); };
+  auto pack = [this](const Tensor& t) {  // quantized weights stay quantized in either compute mode
+    if (isQuantized(t.dtype)) return store_.packQuantized(t);
+    return cfg_.bf16 ? store_.packPairTiles(t) : store_.pack(t, k_.chunk);
+  };
   for (const LayerWeights& L : w_.layers) {
     packed_.push_back({pack(L.wq), pack(L.wk), pack(L.wv), pack(L.wo), pack(L.gate), pack(L.up), pack(L.down),
                        widen(L.attnNorm), widen(L.mlpNorm), widen(L.qNorm), widen(L.kNorm), widen(L.bq), widen(L.bk), widen(L.bv)});
@@ -49,14 +54,14 @@ Model::Model(ModelConfig config, Weights weights)
   finalNorm_ = widen(w_.finalNorm);
   if (w_.lmHead.data != w_.embed.data) releasePages(w_.lmHead);  // a tied head is still the embedding table
   size_t perLayer = static_cast<size_t>(cfg_.numBlocks) * cfg_.blockSize * cfg_.kvHeads * cfg_.headDim;
-  kvFloats_ = perLayer * cfg_.layers;
-  for (float** pool : {&kCache_, &vCache_}) {
-    void* mem = mmap(nullptr, kvFloats_ * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  kvElems_ = perLayer * cfg_.layers;
+  for (void** pool : {&kCache_, &vCache_}) {
+    void* mem = mmap(nullptr, kvPoolBytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED) {
-      if (kCache_) munmap(kCache_, kvFloats_ * sizeof(float));  // no destructor runs for a throwing constructor
-      throw std::runtime_error("cannot allocate the KV cache (" + std::to_string(kvFloats_ * 8 >> 20) + " MiB)");
+      if (kCache_) munmap(kCache_, kvPoolBytes());  // no destructor runs for a throwing constructor
+      throw std::runtime_error("cannot allocate the KV cache (" + std::to_string(kvCacheBytes() >> 20) + " MiB)");
     }
-    *pool = static_cast<float*>(mem);
+    *pool = mem;
   }
 }
 
@@ -97,8 +102,8 @@ void Model::validate(const StepInput& in) const {
 }
 
 Model::~Model() {
-  if (kCache_) munmap(kCache_, kvFloats_ * sizeof(float));
-  if (vCache_) munmap(vCache_, kvFloats_ * sizeof(float));
+  if (kCache_) munmap(kCache_, kvPoolBytes());
+  if (vCache_) munmap(vCache_, kvPoolBytes());
 }
 
 Profile Model::takeProfile() {
@@ -109,7 +114,8 @@ Profile Model::takeProfile() {
 }
 
 void Model::project(const float* x, int T, const PackedMatrix& w, float* y) {
-  if (w.pairTiles) matmulBf16(k_, x, T, w, y, xbf16_);
+  if (isQuantized(w.dtype)) matmulQuantized(k_, x, T, w, y);
+  else if (w.pairTiles) matmulBf16(k_, x, T, w, y, xbf16_);
   else matmulParallel(k_, x, T, w, y, xpack_);
 }
 
@@ -123,6 +129,13 @@ void Model::linear(const float* x, int T, const PackedMatrix& w, const std::vect
 
 void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T) {
   const PackedMatrix& first = *outs.begin()->w;
+  bool quantized = false;  // each quantized matrix quantizes its own input rows
+  for (const Projection& p : outs) quantized = quantized || isQuantized(p.w->dtype);
+  if (quantized) {
+    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
+    for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);
+    return;
+  }
   if (cfg_.bf16) {  // normalized in fp32, rounded to bf16 once for all the projections (they share K)
     rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
     if (xbf16_.size() < static_cast<size_t>(T) * first.Kp) xbf16_.resize(static_cast<size_t>(T) * first.Kp);
@@ -167,20 +180,13 @@ void Model::layer(int l, const StepInput& in) {
   rope(q_.data(), T, cfg_.heads, hd, cos_.data(), sin_.data());
   rope(kv_k_.data(), T, cfg_.kvHeads, hd, cos_.data(), sin_.data());
 
-  const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * cfg_.blockSize * kvDim;
-  float* kc = kCache_ + layerOffset;
-  float* vc = vCache_ + layerOffset;
-  const int bs = cfg_.blockSize;
-  for (int t = 0; t < T; t++) {
-    const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
-    const float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
-    for (int h = 0; h < cfg_.kvHeads; h++)  // keys dimension-major within the block (see pagedAttention)
-      for (int d = 0; d < hd; d++)
-        kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = kt[static_cast<size_t>(h) * hd + d];
-    std::copy_n(kv_v_.data() + static_cast<size_t>(t) * kvDim, kvDim, vc + static_cast<size_t>(slot) * kvDim);
-  }
+  const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * cfg_.blockSize * kvDim * dtypeBytes(cfg_.kvDtype);
+  const char* kc = static_cast<const char*>(kCache_) + layerOffset;
+  const char* vc = static_cast<const char*>(vCache_) + layerOffset;
+  if (cfg_.kvDtype == DType::F32) writeKv<float>(l, in);
+  else writeKv<uint16_t>(l, in);
 
-  AttentionArgs a{q_.data(), attn_.data(), kc, vc, in.positions.data(), in.seqStarts.data(), in.blockTables.data(),
+  AttentionArgs a{q_.data(), attn_.data(), kc, vc, cfg_.kvDtype, in.positions.data(), in.seqStarts.data(), in.blockTables.data(),
                   static_cast<int>(in.seqStarts.size()) - 1, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks,
                   1.0f / std::sqrt(static_cast<float>(hd))};
   {
@@ -199,6 +205,28 @@ void Model::layer(int l, const StepInput& in) {
   }
   linear(gate_.data(), T, P.down, {}, tmp_.data());
   for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
+}
+
+template <class E>
+void Model::writeKv(int l, const StepInput& in) {
+  const int T = static_cast<int>(in.tokens.size()), hd = cfg_.headDim, kvDim = cfg_.kvHeads * hd, bs = cfg_.blockSize;
+  const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * bs * kvDim;
+  E* kc = static_cast<E*>(kCache_) + layerOffset;
+  E* vc = static_cast<E*>(vCache_) + layerOffset;
+  const DType kv = cfg_.kvDtype;
+  auto store = [kv](float x) -> E {
+    if constexpr (std::is_same_v<E, float>) return x;
+    else return kv == DType::F16 ? f32ToF16(x) : f32ToBf16(x);
+  };
+  for (int t = 0; t < T; t++) {
+    const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
+    const float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
+    const float* vt = kv_v_.data() + static_cast<size_t>(t) * kvDim;
+    for (int h = 0; h < cfg_.kvHeads; h++)  // keys dimension-major within the block (see pagedAttention)
+      for (int d = 0; d < hd; d++)
+        kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = store(kt[static_cast<size_t>(h) * hd + d]);
+    for (int i = 0; i < kvDim; i++) vc[static_cast<size_t>(slot) * kvDim + i] = store(vt[i]);
+  }
 }
 
 StepOutput Model::step(const StepInput& in) {

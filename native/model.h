@@ -19,6 +19,8 @@ struct ModelConfig {
   // Compute mode: false = float32 (the exact reference path); true = bfloat16, every
   // linear layer's input rounded to bf16 and its weights held as bf16 pair tiles.
   bool bf16 = false;
+  // KV cache element: F32, or BF16/F16 (half the bytes: twice the tokens per byte of pool).
+  DType kvDtype = DType::F32;
 };
 
 // One forward step over a flat, variable-length batch (see src/runtime/native.ts).
@@ -60,7 +62,7 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
   StepOutput step(const StepInput& in);
-  size_t kvCacheBytes() const { return kvFloats_ * sizeof(float) * 2; }
+  size_t kvCacheBytes() const { return kvPoolBytes() * 2; }
   const ModelConfig& config() const { return cfg_; }
   Profile takeProfile();
 
@@ -99,14 +101,18 @@ class Model {
   // K/V pools per layer: K as (numBlocks, kvHeads, headDim, blockSize) so a
   // block's keys are vector lanes for the score kernel; V as
   // (numBlocks, blockSize, kvHeads, headDim) for accumulating along headDim.
-  // Stored as fp32: a step reads each cached row once per query head group,
-  // and at the context lengths we serve on a CPU the weight reads dominate
-  // bandwidth, so bf16 K/V would save little while costing fidelity against
-  // the fp32 reference. Two mmap'ed regions (K and V), each holding every
-  // layer, made once: pages are zero and take no memory until a block is first written.
-  size_t kvFloats_ = 0;
-  float* kCache_ = nullptr;
-  float* vCache_ = nullptr;
+  // Elements are cfg_.kvDtype: fp32 (exact), or bf16/f16, rounded to nearest
+  // even when written and widened exactly by the attention kernels, which
+  // halves the pool's bytes and attention's cache reads. Two mmap'ed regions
+  // (K and V), each holding every layer, made once: pages are zero and take no
+  // memory until a block is first written.
+  size_t kvElems_ = 0;  // per pool
+  size_t kvPoolBytes() const { return kvElems_ * dtypeBytes(cfg_.kvDtype); }
+  void* kCache_ = nullptr;
+  void* vCache_ = nullptr;
+  // Row t of kv_k_ / kv_v_ into its slot of layer l's pools, rounded to the pool's element.
+  template <class E>
+  void writeKv(int l, const StepInput& in);
   // Activations, grown to the largest step seen and reused.
   std::vector<uint16_t> xbf16_;  // bfloat16 mode: a matmul's input rows rounded
   std::vector<float> rows_, logits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;

@@ -35,8 +35,9 @@ void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin
 struct AttentionArgs {
   const float* q;               // (T, heads, hd)
   float* out;                   // (T, heads, hd)
-  const float* kCache;          // (numBlocks, kvHeads, hd, blockSize) of this layer: keys dimension-major
-  const float* vCache;          // (numBlocks, blockSize, kvHeads, hd) of this layer
+  const void* kCache;           // (numBlocks, kvHeads, hd, blockSize) of this layer: keys dimension-major
+  const void* vCache;           // (numBlocks, blockSize, kvHeads, hd) of this layer
+  DType kvDtype;                // element of both pools: F32, or BF16/F16 widened by the kernels
   const int32_t* positions;     // (T)
   const int32_t* seqStarts;     // (B+1) rows of each sequence
   const int32_t* blockTables;   // (B, maxBlocks)

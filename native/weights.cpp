@@ -6,10 +6,16 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include "quant.h"
 
 namespace weft {
 
 float Tensor::at(size_t i) const {
+  if (isQuantized(dtype)) {  // rare (small vectors are float in GGUF): dequantize the element's row
+    std::vector<float> row(cols);
+    dequantRow(dtype, data, cols, static_cast<int>(i / cols), row.data());
+    return row[i % cols];
+  }
   switch (dtype) {
     case DType::F32: return static_cast<const float*>(data)[i];
     case DType::F16: return f16ToF32(static_cast<const uint16_t*>(data)[i]);
@@ -19,6 +25,7 @@ float Tensor::at(size_t i) const {
 }
 
 void Tensor::rowToF32(int r, float* out) const {
+  if (isQuantized(dtype)) return dequantRow(dtype, data, cols, r, out);
   size_t base = static_cast<size_t>(r) * cols;
   for (int c = 0; c < cols; c++) out[c] = at(base + c);
 }
@@ -50,6 +57,18 @@ PackedMatrix PackedStore::pack(const Tensor& t, int chunk) {
       std::memcpy(dst + at * elem, src + (static_cast<size_t>(n) * p.K + static_cast<size_t>(j) * chunk) * elem, len * elem);
     }
   }
+  p.data = mem;
+  return p;
+}
+
+PackedMatrix PackedStore::packQuantized(const Tensor& t) {
+  PackedMatrix p;
+  p.dtype = t.dtype;
+  p.N = p.Np = t.rows;
+  p.K = p.Kp = t.cols;
+  const size_t bytes = tensorBytes(t.dtype, t.rows, t.cols);
+  void* mem = reserve(bytes);
+  std::memcpy(mem, t.data, bytes);
   p.data = mem;
   return p;
 }
@@ -88,7 +107,7 @@ void* PackedStore::reserve(size_t bytes) {
 void releasePages(const Tensor& t) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  const uintptr_t end = begin + static_cast<size_t>(t.rows) * t.cols * dtypeBytes(t.dtype);
+  const uintptr_t end = begin + tensorBytes(t.dtype, t.rows, t.cols);
   const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }

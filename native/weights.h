@@ -1,6 +1,6 @@
-// Model weights, memory-mapped straight from safetensors files and kept in
-// their stored dtype (bf16/f16/f32): no float32 copy of a matrix is made
-// (norm weights and biases, which are small, are widened to fp32).
+// Model weights, memory-mapped straight from safetensors or GGUF files and kept
+// in their stored dtype (bf16/f16/f32, or GGUF's quantized blocks): no float32
+// copy of a matrix is made (norm weights and biases, which are small, are widened to fp32).
 #pragma once
 #include <cstddef>
 #include <map>
@@ -18,7 +18,7 @@ struct Tensor {
   int rows = 0;  // output features (N) for a linear layer
   int cols = 0;  // input features (K)
   explicit operator bool() const { return data != nullptr; }
-  // Row `r` widened to fp32 into `out` (cols floats).
+  // Row `r` widened (quantized: dequantized) to fp32 into `out` (cols floats).
   void rowToF32(int r, float* out) const;
   // Element i widened to fp32 (for small vectors: norms and biases).
   float at(size_t i) const;
@@ -42,6 +42,9 @@ class PackedStore {
   ~PackedStore();
   // Repacks `t` (N × K) into kernel-tile order, in its own dtype.
   PackedMatrix pack(const Tensor& t, int chunk);
+  // Copies a block-quantized `t` as it is: rows of ggml blocks, which the
+  // quantized kernels read one row at a time (a column group's rows are contiguous).
+  PackedMatrix packQuantized(const Tensor& t);
   // Repacks `t` into bf16 pair tiles (bfloat16 mode), rounding f32/f16 weights to bf16 as transformers does.
   PackedMatrix packPairTiles(const Tensor& t);
 

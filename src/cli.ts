@@ -14,6 +14,7 @@ import { DEFAULT_ENGINE_CONFIG, ENGINE_FLAGS, engineConfigFromOptions } from "./
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
 import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
+import { batchBench, type BatchBenchOptions } from "./bench/batch-bench.js";
 import { exportGguf } from "./model/gguf-export.js";
 import { peerBench, type PeerOptions } from "./bench/peer.js";
 import fs from "node:fs";
@@ -53,6 +54,12 @@ export function listArg(name: string): (v: string, all: string[]) => string[] {
 function dtypeOption(): Option {
   const f = ENGINE_FLAGS.find((e) => e.key === "dtype")!;
   return new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG.dtype);
+}
+
+/** `--kv-cache-dtype`, as the engine flag table defines it. */
+function kvCacheDtypeOption(): Option {
+  const f = ENGINE_FLAGS.find((e) => e.key === "kvCacheDtype")!;
+  return new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG.kvCacheDtype);
 }
 
 const program = new Command("weft").description("OpenAI-compatible LLM inference server with continuous batching");
@@ -178,6 +185,17 @@ bench
   .action(async (o: ServeBenchOptions) => void (await serveBench(o)));
 
 bench
+  .command("batch")
+  .description("interactive TTFT on an idle server, then while a Batch API job runs (any server with OpenAI's Files and Batches APIs)")
+  .requiredOption("--base-url <url>", "server address, e.g. http://127.0.0.1:8000")
+  .requiredOption("--model <id>", "model id on that server")
+  .option("--api-key <key>", "bearer key")
+  .option("--lines <n>", "lines in the batch", intArg("--lines", 1), 500)
+  .option("--probes <n>", "streamed interactive requests per phase", intArg("--probes", 1), 16)
+  .option("--output-len <n>", "tokens per request", intArg("--output-len", 1), 32)
+  .option("--json <file>", "write the results as JSON")
+  .action(async (o: BatchBenchOptions) => void (await batchBench(o)));
+bench
   .command("profile")
   .description("where a step's time goes: decode at several batch sizes, and one prefill")
   .requiredOption("--model <dir>", "model directory")
@@ -186,6 +204,7 @@ bench
   .option("--prefill <n>", "prompt tokens of the prefill case (0: skip)", intArg("--prefill"), 512)
   .option("--steps <n>", "decode steps per case", intArg("--steps", 1), 8)
   .addOption(dtypeOption())
+  .addOption(kvCacheDtypeOption())
   .action(printProfile);
 bench
   .command("peer")

@@ -77,9 +77,10 @@ test("keys: created by the CLI, stored only as hashes; every tier gets its prior
   }
   await eventually(async () => (await complete(null)).status === 401, 2000, "auth turning on");
   for (const [key, name, prio] of [[high, "alice", Priority.HIGH], [normal, "bob", Priority.NORMAL], [low, "carol", Priority.LOW]] as const) {
-    assert.equal(await priorityInEngine(key, name, normal), prio, `${name}'s requests wait in the engine at their tier's priority`);
+    // The blocker is HIGH, so no request it blocks may take its slot.
+    assert.equal(await priorityInEngine(key, name, high), prio, `${name}'s requests wait in the engine at their tier's priority`);
     assert.equal(lastRequestLog().tenant, name);
-    assert.equal(await priorityInEngine(key, name, normal, "/v1/batch/completions"), Priority.LOW, "batch routes are always LOW");
+    assert.equal(await priorityInEngine(key, name, high, "/v1/batch/completions"), Priority.LOW, "batch routes are always LOW");
   }
   const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: high, maxRetries: 0 });
   const r = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "x" }], max_tokens: 2 });

@@ -324,3 +324,21 @@ test("fair share weighs tokens: a tenant served much waits behind one served lit
   assert.equal(order[0], "vip", "HIGH first, whatever the shares");
   assert.deepEqual(order.slice(1, 5), ["big0", "small0", "small1", "small2"], "after big's first turn, small's are all cheaper than big's next");
 });
+
+test("a full batch yields a slot to a waiting request of better priority; the preempted one completes later, unchanged", async () => {
+  const runner = new FakeRunner();
+  const engine = makeEngine(runner, { maxNumSeqs: 2 });
+  const low = [0, 1].map((i) => engine.add({ id: `low${i}`, promptTokenIds: [5 + i, 6], params: greedy(40), priority: Priority.LOW }));
+  const firsts = low.map((s) => s[Symbol.asyncIterator]());
+  await Promise.all(firsts.map((it) => it.next())); // both LOW requests are running
+  const stepsBefore = runner.steps.length;
+  const normal = await engine.add({ id: "normal", promptTokenIds: [9, 9], params: greedy(3), priority: Priority.NORMAL }).collect();
+  assert.equal(normal.tokenIds.length, 3);
+  assert.ok(runner.steps.length - stepsBefore <= 4, `NORMAL finished in ${runner.steps.length - stepsBefore} steps, without waiting for a LOW one to end`);
+  assert.ok(engine.stats().preemptions >= 1, "a LOW request was preempted for it");
+  const solo = await makeEngine(new FakeRunner()).add({ promptTokenIds: [5, 6], params: greedy(40) }).collect();
+  const rest = await Promise.all(low.map((s) => s.collect()));
+  assert.deepEqual(rest.map((o) => o.finishReason), ["length", "length"]);
+  assert.equal(rest[0]!.tokenIds.length + 1, solo.tokenIds.length, "the preempted request's output is its solo output (less the token already read)");
+  assertEngineIdle(engine);
+});

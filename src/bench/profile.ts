@@ -4,8 +4,8 @@
  * with `context` cached tokens each, and one prefill of `prefill` tokens.
  */
 import { loadCheckpoint } from "../model/checkpoint.js";
-import { ModelRunner, resolveDtype, type RunnerSequence } from "../runtime/model-runner.js";
-import { loadNative, type ComputeDtype } from "../runtime/native.js";
+import { ModelRunner, resolveDtype, resolveKvCacheDtype, type RunnerSequence } from "../runtime/model-runner.js";
+import { loadNative, type ComputeDtype, type KvCacheDtype } from "../runtime/native.js";
 import { defaultSamplingParams } from "../engine/sampling-params.js";
 import { table } from "./stats.js";
 
@@ -17,6 +17,8 @@ export interface ProfileOptions {
   steps: number;
   /** Compute mode (default auto). */
   dtype?: ComputeDtype | "auto";
+  /** KV cache element (default auto: follows the compute mode). */
+  kvCacheDtype?: KvCacheDtype | "auto";
 }
 
 export interface ProfileRow extends Record<string, unknown> {
@@ -37,7 +39,9 @@ export async function profileSteps(o: ProfileOptions): Promise<ProfileRow[]> {
   const blockSize = 32;
   const maxB = Math.max(...o.batch);
   const perSeq = Math.ceil((Math.max(o.context + o.steps + 1, o.prefill)) / blockSize);
-  const runner = await ModelRunner.create(ckpt, { numBlocks: perSeq * maxB + 1, blockSize }, resolveDtype(o.dtype ?? "auto"));
+  const dtype = resolveDtype(o.dtype ?? "auto");
+  const kv = { numBlocks: perSeq * maxB + 1, blockSize, dtype: resolveKvCacheDtype(o.kvCacheDtype ?? "auto", dtype) };
+  const runner = await ModelRunner.create(ckpt, kv, dtype);
   const params = defaultSamplingParams({ temperature: 0, maxTokens: 1 });
   const table_ = (b: number): number[] => Array.from({ length: perSeq }, (_, i) => b * perSeq + i);
   const rows: ProfileRow[] = [];
@@ -80,6 +84,7 @@ export async function profileSteps(o: ProfileOptions): Promise<ProfileRow[]> {
 
 export async function printProfile(o: ProfileOptions): Promise<void> {
   const rows = await profileSteps(o);
-  console.log(`dtype ${resolveDtype(o.dtype ?? "auto")}, kernels ${loadNative().isa()}`);
+  const dtype = resolveDtype(o.dtype ?? "auto");
+  console.log(`dtype ${dtype}, KV cache ${resolveKvCacheDtype(o.kvCacheDtype ?? "auto", dtype)}, kernels ${loadNative().isa()}`);
   console.log(table(rows, Object.keys(rows[0]!)));
 }

@@ -24,7 +24,7 @@ export interface ServeBenchOptions {
 }
 
 /** One streamed completion; token arrival times from the SSE chunks (one chunk per token with return_token_ids). */
-async function streamOne(o: ServeBenchOptions, prompt: string | number[]): Promise<RequestTiming> {
+export async function streamOne(o: ServeBenchOptions, prompt: string | number[]): Promise<RequestTiming> {
   const t: RequestTiming = { sent: performance.now() / 1000, tokenTimes: [], promptTokens: 0, completionTokens: 0 };
   const res = await fetch(`${o.baseUrl.replace(/\/$/, "")}/v1/completions`, {
     method: "POST",

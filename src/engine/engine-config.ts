@@ -36,6 +36,11 @@ export interface EngineConfig {
    * auto (the default): bfloat16 where the CPU has AVX512_BF16 or AMX-BF16, else float32.
    */
   dtype: "auto" | "float32" | "bfloat16";
+  /**
+   * The KV cache's element (vLLM's --kv-cache-dtype). bfloat16 and float16 hold twice the
+   * tokens in the same kvCacheMemory; auto (the default) follows the resolved dtype.
+   */
+  kvCacheDtype: "auto" | "float32" | "bfloat16" | "float16";
 }
 
 export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
@@ -50,6 +55,7 @@ export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
   maxWaitingPerTenant: 256,
   maxModelLen: 0,
   dtype: "auto",
+  kvCacheDtype: "auto",
 };
 
 /** What an engine learns from its model and KV plan, as opposed to what it is configured with. */
@@ -85,6 +91,7 @@ export const ENGINE_FLAGS: readonly EngineFlag[] = [
   { key: "maxWaitingPerTenant", flag: "--max-waiting-per-tenant <n>", description: "waiting sequences one API key may hold (0: no cap)", kind: "int", min: 0 },
   { key: "maxModelLen", flag: "--max-model-len <n>", description: "cap the context length (0: the model's)", kind: "int", min: 0 },
   { key: "dtype", flag: "--dtype <dtype>", description: "compute mode: bfloat16 is fast, float32 exact; auto picks bfloat16 on CPUs with AVX512_BF16 or AMX", kind: "choice", choices: ["auto", "float32", "bfloat16"] },
+  { key: "kvCacheDtype", flag: "--kv-cache-dtype <dtype>", description: "KV cache element: bfloat16/float16 hold twice the tokens, float32 is exact; auto follows --dtype", kind: "choice", choices: ["auto", "float32", "bfloat16", "float16"] },
 ];
 
 /** The commander option name (camelCase) a flag's value lands under. */

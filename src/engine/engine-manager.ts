@@ -8,7 +8,8 @@ import fs from "node:fs";
 import path from "node:path";
 import { loadCheckpoint, type Checkpoint } from "../model/checkpoint.js";
 import { TextTokenizer } from "../model/tokenizer.js";
-import { ModelRunner, resolveDtype } from "../runtime/model-runner.js";
+import { kvElementBytes, ModelRunner, resolveDtype, resolveKvCacheDtype } from "../runtime/model-runner.js";
+import type { KvCacheDtype } from "../runtime/native.js";
 import { EngineError } from "./errors.js";
 import { DEFAULT_ENGINE_CONFIG, type EngineConfig, type ModelLimits } from "./engine-config.js";
 import { PromptEncoder } from "../model/prompt-encoder.js";
@@ -29,20 +30,31 @@ export interface LoadedModel {
   lastUsed: number;
 }
 
-/** Bytes one KV block takes across all layers (K and V, fp32). */
-export function kvBytesPerBlock(c: Checkpoint["config"], blockSize: number): number {
-  return c.layers * blockSize * c.kvHeads * c.headDim * 4 * 2;
+/** Bytes one KV block takes across all layers (K and V), with `elementBytes` per value (4: fp32, 2: bf16/f16). */
+export function kvBytesPerBlock(c: Checkpoint["config"], blockSize: number, elementBytes: 2 | 4 = 4): number {
+  return c.layers * blockSize * c.kvHeads * c.headDim * elementBytes * 2;
+}
+
+export interface KvPlan {
+  /** The context length served. */
+  maxModelLen: number;
+  numBlocks: number;
+  /** The cache's element, --kv-cache-dtype with auto resolved. */
+  kvCacheDtype: KvCacheDtype;
+  bytesPerBlock: number;
 }
 
 /** The context length served and the KV pool's size in blocks, from the config alone (logged at start). */
-export function planKv(c: Checkpoint["config"], cfg: EngineConfig): { maxModelLen: number; numBlocks: number } {
+export function planKv(c: Checkpoint["config"], cfg: EngineConfig): KvPlan {
+  const kvCacheDtype = resolveKvCacheDtype(cfg.kvCacheDtype, resolveDtype(cfg.dtype));
+  const bytesPerBlock = kvBytesPerBlock(c, cfg.blockSize, kvElementBytes(kvCacheDtype));
   const wanted = cfg.maxModelLen > 0 ? Math.min(cfg.maxModelLen, c.maxPositions) : c.maxPositions;
   // More blocks than every sequence at full length can use would only be prefix cache; cap there.
   const useful = Math.ceil(wanted / cfg.blockSize) * cfg.maxNumSeqs;
-  const numBlocks = Math.max(1, Math.min(useful, Math.floor(cfg.kvCacheMemory / kvBytesPerBlock(c, cfg.blockSize))));
+  const numBlocks = Math.max(1, Math.min(useful, Math.floor(cfg.kvCacheMemory / bytesPerBlock)));
   // A context the pool cannot hold even for one request is not served (a chat request's default
   // max_tokens is the rest of the context, so it must fit).
-  return { maxModelLen: Math.min(wanted, numBlocks * cfg.blockSize), numBlocks };
+  return { maxModelLen: Math.min(wanted, numBlocks * cfg.blockSize), numBlocks, kvCacheDtype, bytesPerBlock };
 }
 
 /** Loads a model directory and builds its engine; the weights are mapped and packed off the event loop. */
@@ -50,8 +62,8 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   tokenizer = loadTokenizer(dir)): Promise<LoadedModel> {
   const checkpoint = loadCheckpoint(dir);
   const c = checkpoint.config;
-  const { maxModelLen, numBlocks } = planKv(c, cfg);
-  const runner = await ModelRunner.create(checkpoint, { numBlocks, blockSize: cfg.blockSize }, resolveDtype(cfg.dtype));
+  const { maxModelLen, numBlocks, kvCacheDtype } = planKv(c, cfg);
+  const runner = await ModelRunner.create(checkpoint, { numBlocks, blockSize: cfg.blockSize, dtype: kvCacheDtype }, resolveDtype(cfg.dtype));
   const eos = [...c.eosTokenIds];
   const eosTok = tokenizer?.eosToken ? tokenizer.tokenId(tokenizer.eosToken) : undefined;
   if (eosTok !== undefined && !eos.includes(eosTok)) eos.push(eosTok);
@@ -60,7 +72,7 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   const info = runner.info();
   hooks.log?.(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
     `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
-    `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB); dtype ${info.dtype}, kernels ${info.isa}, ${info.threads} threads`);
+    `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, ${info.kvCacheDtype}); dtype ${info.dtype}, kernels ${info.isa}, ${info.threads} threads`);
   return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer, pool, maxModelLen), runner, engine, lastUsed: Date.now() };
 }
 

@@ -2,7 +2,9 @@
  * Iteration-level scheduling under a token budget, with no prefill/decode
  * phases: each request's computed-token count chases its token count.
  * Running requests go first (one token each, or their next prefill chunk);
- * then waiting requests by effective priority while budget and blocks allow.
+ * then waiting requests by effective priority while budget and blocks allow;
+ * a full batch yields a slot to a waiting request of better base priority
+ * that is also ahead in aging order.
  */
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
 import type { EngineConfig, ModelLimits } from "./engine-config.js";
@@ -65,9 +67,14 @@ export class Scheduler {
       budget -= n;
     }
     // After a preemption memory is short: admit nothing new this step.
-    while (!preempted && budget > 0 && this.running.length < this.config.maxNumSeqs) {
+    while (!preempted && budget > 0) {
       const r = this.waiting.peek();
       if (!r) break;
+      if (this.running.length >= this.config.maxNumSeqs) {
+        const freed = this.yieldSlot(r, out);
+        if (freed === null) break;
+        budget += freed;
+      }
       const cached = r.numComputedTokens === 0 ? this.kv.computedBlocks(r) : { blocks: [], numTokens: 0 };
       const n = Math.min(r.numTokens - cached.numTokens, budget);
       if (!this.kv.allocateSlots(r, n, cached.blocks)) break;
@@ -119,6 +126,22 @@ export class Scheduler {
     const mayStop = r.outputTokenIds.length >= p.minTokens;
     if (mayStop && (eos || p.stopTokenIds.includes(token))) this.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "token", tokenId: token, eos });
     else if (r.outputTokenIds.length >= p.maxTokens || r.numTokens >= this.limits.maxModelLen) this.finish(r, RequestStatus.FINISHED_LENGTH);
+  }
+
+  /**
+   * A full batch gives a slot to a waiting request of better base priority
+   * (interactive traffic over batch work) when it is also ahead in aging
+   * order, so a request that aged its way in is never pushed back out: the
+   * worst running request is preempted, recomputed later from its cached
+   * blocks. Returns the budget its row in this step gave back, or null when no
+   * slot is yielded.
+   */
+  private yieldSlot(r: Request, out: ScheduledRequest[]): number | null {
+    const victim = this.worstRunning();
+    if (r.priority >= victim.priority || !runsBefore(r, victim, this.config.agingRate)) return null;
+    this.preempt(victim);
+    const i = out.findIndex((s) => s.request === victim);
+    return i >= 0 ? out.splice(i, 1)[0]!.numTokens : 0;
   }
 
   /** The running request with the worst effective priority; the latest arrival on ties. */

@@ -3,7 +3,7 @@
  * the event loop, and hands back what each sequence sampled. The ground floor:
  * it takes plain data and imports nothing from engine/ or model/.
  */
-import { loadNative, type ComputeDtype, type NativeModel, type NativeModelInfo, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
+import { loadNative, type ComputeDtype, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
 import { ropeInvFreq, type RopeScaling } from "./rope.js";
 
 /** The sampling settings the kernel reads (an engine's request params carry more). */
@@ -90,6 +90,8 @@ export interface StepResult {
 export interface KvLayout {
   numBlocks: number;
   blockSize: number;
+  /** The pool's element; float32 (exact) when left out. */
+  dtype?: KvCacheDtype;
 }
 
 /**
@@ -99,6 +101,16 @@ export interface KvLayout {
 export function resolveDtype(dtype: ComputeDtype | "auto"): ComputeDtype {
   if (dtype !== "auto") return dtype;
   return loadNative().bf16Hardware() ? "bfloat16" : "float32";
+}
+
+/** `auto` follows the compute mode: float32 compute keeps an exact float32 cache, bfloat16 a bfloat16 one. */
+export function resolveKvCacheDtype(kv: KvCacheDtype | "auto", compute: ComputeDtype): KvCacheDtype {
+  return kv === "auto" ? compute : kv;
+}
+
+/** Bytes per cached K or V element. */
+export function kvElementBytes(kv: KvCacheDtype): 2 | 4 {
+  return kv === "float32" ? 4 : 2;
 }
 
 const GREEDY: RunnerSampling = {
@@ -127,9 +139,14 @@ export class ModelRunner {
       hidden: c.hidden, intermediate: c.intermediate, layers: c.layers, heads: c.heads, kvHeads: c.kvHeads,
       headDim: c.headDim, vocab: c.vocab, rmsEps: c.rmsEps, attentionScaling: 1,
       invFreq: ropeInvFreq(c.headDim, c.ropeTheta, c.ropeScaling),
-      numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype, weights: model.weights,
+      numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype, kvCacheDtype: kv.dtype ?? "float32", weights: model.weights,
     });
     return new ModelRunner(native, c.vocab, kv);
+  }
+
+  /** The KV pool's element. */
+  get kvCacheDtype(): KvCacheDtype {
+    return this.kv.dtype ?? "float32";
   }
 
   /** Throws "model disposed" after dispose(). */

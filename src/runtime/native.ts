@@ -15,6 +15,12 @@ export type NativeDType = "f32" | "f16" | "bf16";
  */
 export type ComputeDtype = "float32" | "bfloat16";
 
+/**
+ * The KV cache's element (vLLM's --kv-cache-dtype): float32 is exact; bfloat16
+ * and float16 round each K/V value once, to nearest even, and hold twice the tokens.
+ */
+export type KvCacheDtype = "float32" | "bfloat16" | "float16";
+
 /** Kernel sets, best first: AMX-BF16 tiles, AVX512_BF16, AVX-512, AVX2, portable. */
 export type KernelSet = "amx" | "avx512bf16" | "avx512" | "avx2" | "scalar";
 
@@ -70,6 +76,7 @@ export interface NativeModelSpec {
   numBlocks: number;
   blockSize: number;
   dtype: ComputeDtype;
+  kvCacheDtype: KvCacheDtype;
   weights: NativeWeights;
 }
 
@@ -127,6 +134,7 @@ export interface NativeModelInfo {
   threads: number;
   kvCacheBytes: number;
   dtype: ComputeDtype;
+  kvCacheDtype: KvCacheDtype;
 }
 
 /** What the CPU offers (CPUID; for AMX, also Linux's grant of the tile state). */

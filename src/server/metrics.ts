@@ -59,7 +59,7 @@ export class Metrics {
       waiting: gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled"),
       byPriority: gauge("weft_waiting_requests", "Waiting requests by base priority", ["priority"]),
       usage: gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks held by requests (cached free blocks do not count)"),
-      cacheInfo: gauge("vllm:cache_config_info", "KV cache configuration", ["block_size", "num_gpu_blocks"]),
+      cacheInfo: gauge("vllm:cache_config_info", "KV cache configuration", ["block_size", "num_gpu_blocks", "cache_dtype"]),
       loaded: new Gauge({ name: "weft_loaded_models", help: "Models with a live engine", registers }),
     };
   }
@@ -113,7 +113,7 @@ export class Metrics {
       g.waiting.set(l, s.waiting);
       for (const [priority, n] of Object.entries(s.waitingByPriority)) g.byPriority.set({ ...l, priority }, n);
       g.usage.set(l, s.blocksTotal ? s.blocksUsed / s.blocksTotal : 0);
-      g.cacheInfo.set({ ...l, block_size: String(m.engine.config.blockSize), num_gpu_blocks: String(s.blocksTotal) }, 1);
+      g.cacheInfo.set({ ...l, block_size: String(m.engine.config.blockSize), num_gpu_blocks: String(s.blocksTotal), cache_dtype: m.runner.kvCacheDtype }, 1);
       this.exportTotals(m, s);
     }
     g.loaded.set(list.length);

@@ -1,0 +1,289 @@
+// Block-quantized weights, portable code: sizes and names of the GGUF types,
+// exact dequantization (embedding rows), activation quantization, the unpacking
+// of a weight row to the kernels' common form, and the scalar matmul, which
+// fixes the reduction order the vector sets reproduce (see quant.h).
+// Compiled for plain x86-64 (no FMA contraction), so dequantRow rounds each
+// operation as ggml's C reference does.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include "quant.h"
+
+namespace weft {
+namespace {
+
+struct TypeInfo {
+  DType dtype;
+  const char* name;
+  int elems;   // per block
+  int bytes;   // per block
+  bool mins;   // has a min term (m in UnpackedRow)
+};
+
+constexpr TypeInfo kTypes[] = {
+    {DType::F32, "f32", 1, 4, false},      {DType::F16, "f16", 1, 2, false},      {DType::BF16, "bf16", 1, 2, false},
+    {DType::Q8_0, "q8_0", 32, 34, false},  {DType::Q4_0, "q4_0", 32, 18, false},  {DType::Q4_1, "q4_1", 32, 20, true},
+    {DType::Q4_K, "q4_k", 256, 144, true}, {DType::Q5_K, "q5_k", 256, 176, true}, {DType::Q6_K, "q6_k", 256, 210, false},
+};
+
+const TypeInfo& info(DType d) {
+  for (const TypeInfo& t : kTypes)
+    if (t.dtype == d) return t;
+  throw std::invalid_argument("unknown dtype");
+}
+
+float f16At(const uint8_t* p) { return f16ToF32(static_cast<uint16_t>(p[0] | p[1] << 8)); }
+
+// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
+void scaleMin(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void fill8(float* dv, float v) { std::fill(dv, dv + 8, v); }
+
+// Dequantization, one block each, as ggml-quants.c's dequantize_row_*.
+void dequantBlock(DType d, const uint8_t* b, float* y) {
+  switch (d) {
+    case DType::Q8_0: {
+      const float s = f16At(b);
+      for (int j = 0; j < 32; j++) y[j] = static_cast<int8_t>(b[2 + j]) * s;
+      return;
+    }
+    case DType::Q4_0: {
+      const float s = f16At(b);
+      for (int j = 0; j < 16; j++) {
+        y[j] = ((b[2 + j] & 0xF) - 8) * s;
+        y[j + 16] = ((b[2 + j] >> 4) - 8) * s;
+      }
+      return;
+    }
+    case DType::Q4_1: {
+      const float s = f16At(b), m = f16At(b + 2);
+      for (int j = 0; j < 16; j++) {
+        y[j] = (b[4 + j] & 0xF) * s + m;
+        y[j + 16] = (b[4 + j] >> 4) * s + m;
+      }
+      return;
+    }
+    case DType::Q4_K:
+    case DType::Q5_K: {
+      const bool five = d == DType::Q5_K;
+      const float dd = f16At(b), dmin = f16At(b + 2);
+      const uint8_t* sc = b + 4;
+      const uint8_t* qh = b + 16;
+      const uint8_t* q = b + (five ? 48 : 16);
+      for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+        int s1, m1i, s2, m2i;
+        scaleMin(is, sc, &s1, &m1i);
+        scaleMin(is + 1, sc, &s2, &m2i);
+        const float d1 = dd * s1, m1 = dmin * m1i, d2 = dd * s2, m2 = dmin * m2i;
+        const int u1 = 1 << is, u2 = 2 << is;
+        for (int l = 0; l < 32; l++) y[j + l] = d1 * ((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; l++) y[j + 32 + l] = d2 * ((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
+      }
+      return;
+    }
+    case DType::Q6_K: {
+      const float dd = f16At(b + 208);
+      for (int n = 0; n < 2; n++) {
+        const uint8_t* ql = b + n * 64;
+        const uint8_t* qh = b + 128 + n * 32;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + n * 8);
+        float* o = y + n * 128;
+        for (int l = 0; l < 32; l++) {
+          const int is = l / 16;
+          const int q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32;
+          const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+          const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+          const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          o[l] = dd * sc[is] * q1;
+          o[l + 32] = dd * sc[is + 2] * q2;
+          o[l + 64] = dd * sc[is + 4] * q3;
+          o[l + 96] = dd * sc[is + 6] * q4;
+        }
+      }
+      return;
+    }
+    default: throw std::invalid_argument("not a quantized dtype");
+  }
+}
+
+// Q4_K / Q5_K superblock → 8 blocks: q in 0..15 (0..31), lane scale d·sc, min -dmin·m.
+void unpackK45(const uint8_t* b, bool five, int8_t* q, float* dv, float* m) {
+  const float dd = f16At(b), dmin = f16At(b + 2);
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + (five ? 48 : 16);
+  for (int j = 0; j < 4; j++, qs += 32) {
+    for (int h = 0; h < 2; h++) {
+      int sc, mi;
+      scaleMin(2 * j + h, b + 4, &sc, &mi);
+      fill8(dv + 8 * (2 * j + h), dd * sc);
+      m[2 * j + h] = -(dmin * mi);
+      const int bit = 1 << (2 * j + h);
+      for (int l = 0; l < 32; l++) {
+        const int nib = h ? qs[l] >> 4 : qs[l] & 0xF;
+        q[64 * j + 32 * h + l] = static_cast<int8_t>(nib + (five && (qh[l] & bit) ? 16 : 0));
+      }
+    }
+  }
+}
+
+// Q6_K superblock → 8 blocks of q - 32; lanes 0-3 and 4-7 of a block take its two 16-element scales.
+void unpackQ6K(const uint8_t* b, int8_t* q, float* dv) {
+  const float dd = f16At(b + 208);
+  for (int n = 0; n < 2; n++) {
+    const uint8_t* ql = b + n * 64;
+    const uint8_t* qh = b + 128 + n * 32;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + n * 8);
+    int8_t* o = q + n * 128;
+    for (int l = 0; l < 32; l++) {
+      o[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+      o[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      o[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      o[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+    }
+    for (int k = 0; k < 4; k++)
+      for (int l = 0; l < 8; l++) dv[8 * (4 * n + k) + l] = dd * sc[2 * k + l / 4];
+  }
+}
+
+float dotRow(const UnpackedRow& r, const QuantActBlock* x, int nb, bool mins) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, macc = 0.0f;
+  for (int b = 0; b < nb; b++) {
+    const int8_t* w = r.q + static_cast<size_t>(b) * kQBlock;
+    for (int l = 0; l < 8; l++) {
+      int32_t p = 0;
+      for (int j = 4 * l; j < 4 * l + 4; j++) p += w[j] * x[b].q[j];
+      const float s = r.dv[8 * b + l] * x[b].d;
+      acc[l] = std::fma(static_cast<float>(p), s, acc[l]);
+    }
+    if (mins) macc = std::fma(r.m[b], x[b].s, macc);
+  }
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + macc;
+}
+
+}  // namespace
+
+size_t tensorBytes(DType d, size_t rows, size_t cols) {
+  const TypeInfo& t = info(d);
+  return rows * (cols / t.elems) * t.bytes;
+}
+
+bool isQuantized(DType d) { return info(d).elems > 1; }
+
+int blockElems(DType d) { return info(d).elems; }
+
+bool quantHasMins(DType d) { return info(d).mins; }
+
+DType dtypeFromName(const std::string& name) {
+  for (const TypeInfo& t : kTypes)
+    if (name == t.name) return t.dtype;
+  throw std::invalid_argument("unsupported dtype " + name);
+}
+
+void dequantRow(DType d, const void* data, int cols, int r, float* out) {
+  const TypeInfo& t = info(d);
+  const auto* row = static_cast<const uint8_t*>(data) + tensorBytes(d, static_cast<size_t>(r), cols);
+  for (int b = 0; b < cols / t.elems; b++) dequantBlock(d, row + static_cast<size_t>(b) * t.bytes, out + static_cast<size_t>(b) * t.elems);
+}
+
+void quantizeActivations(const float* x, int T, int K, QuantActBlock* out) {
+  const int nb = K / kQBlock;
+#pragma omp parallel for if (T > 8)
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < nb; b++) {
+      const float* v = x + static_cast<size_t>(t) * K + b * kQBlock;
+      QuantActBlock& o = out[static_cast<size_t>(t) * nb + b];
+      float amax = 0.0f;
+      for (int i = 0; i < kQBlock; i++) amax = std::max(amax, std::fabs(v[i]));
+      o.d = amax / 127.0f;
+      const float id = o.d != 0.0f ? 1.0f / o.d : 0.0f;
+      int sum = 0;
+      for (int i = 0; i < kQBlock; i++) {
+        const float q = std::nearbyint(v[i] * id);
+        o.q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+        sum += o.q[i];
+      }
+      o.s = o.d * static_cast<float>(sum);
+    }
+}
+
+void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out) {
+  const TypeInfo& t = info(d);
+  for (int blk = 0; blk < K / t.elems; blk++) {
+    const uint8_t* b = src + static_cast<size_t>(blk) * t.bytes;
+    const int first = blk * t.elems / kQBlock;  // first 32-element block it unpacks to
+    int8_t* q = out.q + static_cast<size_t>(first) * kQBlock;
+    float* dv = out.dv + 8 * static_cast<size_t>(first);
+    float* m = out.m + first;
+    switch (d) {
+      case DType::Q8_0:
+        std::memcpy(q, b + 2, 32);
+        fill8(dv, f16At(b));
+        *m = 0.0f;
+        break;
+      case DType::Q4_0:
+      case DType::Q4_1: {
+        const bool one = d == DType::Q4_1;
+        const uint8_t* qs = b + (one ? 4 : 2);
+        for (int j = 0; j < 16; j++) {
+          q[j] = static_cast<int8_t>((qs[j] & 0xF) - (one ? 0 : 8));
+          q[j + 16] = static_cast<int8_t>((qs[j] >> 4) - (one ? 0 : 8));
+        }
+        fill8(dv, f16At(b));
+        *m = one ? f16At(b + 2) : 0.0f;
+        break;
+      }
+      case DType::Q4_K: unpackK45(b, false, q, dv, m); break;
+      case DType::Q5_K: unpackK45(b, true, q, dv, m); break;
+      case DType::Q6_K:
+        unpackQ6K(b, q, dv);
+        std::fill(m, m + 8, 0.0f);
+        break;
+      default: throw std::invalid_argument("not a quantized dtype");
+    }
+  }
+}
+
+void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
+  const int nb = w.K / kQBlock;
+  static thread_local std::vector<int8_t> q;
+  static thread_local std::vector<float> dv, m;
+  q.resize(w.K);
+  dv.resize(8 * static_cast<size_t>(nb));
+  m.resize(nb);
+  const UnpackedRow row{q.data(), dv.data(), m.data()};
+  const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
+  const bool mins = info(w.dtype).mins;
+  for (int n = n0; n < n1; n++) {
+    unpackRowScalar(w.dtype, static_cast<const uint8_t*>(w.data) + rowBytes * n, w.K, row);
+    for (int t = 0; t < T; t++) y[static_cast<size_t>(t) * w.N + n] = dotRow(row, x + static_cast<size_t>(t) * nb, nb, mins);
+  }
+}
+
+bool hasAvx512Vnni() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return has;
+}
+
+MatmulQuantFn quantMatmulFor(const char* kernelSet) {
+  const std::string set = kernelSet ? kernelSet : "";
+  if (set == "scalar") return matmulQuantScalar;
+  if (set != "avx2" && hasAvx512Vnni()) return matmulQuantVnni;
+  return matmulQuantAvx2;
+}
+
+}  // namespace weft

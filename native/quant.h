@@ -1,0 +1,76 @@
+// GGUF block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): their
+// byte sizes, exact dequantization (embedding rows), and the integer matmul's
+// common form.
+//
+// The matmul never widens a weight to float. Activations are quantized per
+// 32-element block to int8 with one fp32 scale (as llama.cpp's q8_0/q8_1 do).
+// Each weight row is unpacked, one row at a time into L1, to int8 values in
+// 32-element blocks with eight fp32 lane scales and a "min" coefficient;
+// every row of the step is then dotted against that one unpacked row.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include "kernels.h"
+
+namespace weft {
+
+constexpr int kQBlock = 32;  // elements per activation block and per unpacked weight block
+
+// One activation block: x[i] ≈ d * q[i]; s = d * Σq (for the weight types with a min).
+struct QuantActBlock {
+  float d;
+  float s;
+  int8_t q[kQBlock];
+};
+
+// A weight row unpacked for the dot kernels, K / 32 blocks: block b is
+// w[32b + i] ≈ dv[8b + i / 4] * q[32b + i] + m[b] (the min term only for Q4_1, Q4_K, Q5_K).
+// One lane scale per 4 inputs mirrors the 8 int32 lanes of a 256-bit dot.
+struct UnpackedRow {
+  int8_t* q;
+  float* dv;
+  float* m;
+};
+
+// The dot product of one unpacked weight row with one row of activation blocks,
+// in the order every kernel set follows, so all of them agree bit for bit:
+//   per block b in order: lane l (inputs 4l..4l+3) p = exact int32 Σ w·x;
+//     acc[l] = fma(float(p), dv[8b + l] * x[b].d, acc[l]);  mins: macc = fma(m[b], x[b].s, macc)
+//   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)) + macc
+// Per output element this does not depend on T: batch-invariant.
+
+// Bytes of a (rows × cols) tensor of dtype d (quantized rows are whole blocks).
+size_t tensorBytes(DType d, size_t rows, size_t cols);
+bool isQuantized(DType d);
+// Elements per quantization block (1 for float types).
+int blockElems(DType d);
+// Whether the type's blocks carry a min (Q4_1, Q4_K, Q5_K): the m term of UnpackedRow.
+bool quantHasMins(DType d);
+// "f32", "q4_k", ... → DType; throws std::invalid_argument for any other name.
+DType dtypeFromName(const std::string& name);
+
+// Row `r` of a quantized (rows × cols) tensor dequantized exactly as llama.cpp's
+// dequantize_row_* computes it (the embedding lookup).
+void dequantRow(DType d, const void* data, int cols, int r, float* out);
+
+// Rows of x (T × K, K a multiple of 32) → T × K/32 activation blocks, row by row.
+void quantizeActivations(const float* x, int T, int K, QuantActBlock* out);
+
+// Unpacks one weight row `src` (K elements of dtype d, in ggml's block layout)
+// into `out`; the portable code, which the vector sets match bit for bit.
+void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out);
+
+// The quantized matmul of each kernel set (see MatmulQuantFn in kernels.h).
+void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
+void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
+void matmulQuantVnni(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
+
+// y[T, w.N] = x[T, w.K] · wᵀ for a block-quantized w: the rows of x quantized
+// per block, then the columns split across threads (defined in matmul.cpp).
+void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y);
+
+// Whether this CPU has AVX512-VNNI (vpdpbusd on 256-bit registers).
+bool hasAvx512Vnni();
+
+}  // namespace weft
