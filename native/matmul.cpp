@@ -46,6 +46,7 @@ void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix
   static thread_local std::vector<QuantActBlock> acts;  // grown to the largest step, per calling thread
   const size_t blocks = static_cast<size_t>(T) * (w.K / kQBlock);
   if (acts.size() < blocks) acts.resize(blocks);
+  const QuantActBlock* xq = acts.data();  // this thread's buffer, shared with the team below
   quantizeActivations(x, T, w.K, acts.data());
   const int groups = (w.N + kPackCols - 1) / kPackCols;
   // As matmulPacked: contiguous runs of columns per thread, each output reduced by one thread.
@@ -54,7 +55,7 @@ void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix
     int nt = omp_get_num_threads(), id = omp_get_thread_num();
     int n0 = static_cast<int>(static_cast<long>(groups) * id / nt) * kPackCols;
     int n1 = std::min(w.N, static_cast<int>(static_cast<long>(groups) * (id + 1) / nt) * kPackCols);
-    if (n0 < n1) k.matmulQuant(acts.data(), T, w, y, n0, n1);
+    if (n0 < n1) k.matmulQuant(xq, T, w, y, n0, n1);
   }
 }
 

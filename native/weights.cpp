@@ -20,6 +20,7 @@ float Tensor::at(size_t i) const {
     case DType::F32: return static_cast<const float*>(data)[i];
     case DType::F16: return f16ToF32(static_cast<const uint16_t*>(data)[i]);
     case DType::BF16: return bf16ToF32(static_cast<const uint16_t*>(data)[i]);
+    default: break;  // quantized: above
   }
   return 0.0f;
 }

@@ -175,12 +175,12 @@ test("auto follows the compute mode", () => {
 });
 
 /** /v1/models' max_model_len, the engine's block count and the cache_config_info series, with the model loaded. */
-async function kvReport(s: TestServer): Promise<{ maxModelLen: number; blocks: number; metric: string }> {
+async function kvReport(s: TestServer): Promise<{ maxModelLen: number; blocks: number; bytes: number; metric: string }> {
   const m = await s.manager.acquire("tiny", "test");
   const card = await (await fetch(`${s.url}/v1/models/tiny`)).json() as { max_model_len: number };
   const text = await (await fetch(`${s.url}/metrics`)).text();
   const line = text.split("\n").find((l) => l.startsWith("vllm:cache_config_info{")) ?? "";
-  return { maxModelLen: card.max_model_len, blocks: m.engine.stats().blocksTotal, metric: line };
+  return { maxModelLen: card.max_model_len, blocks: m.engine.stats().blocksTotal, bytes: m.runner.info().kvCacheBytes, metric: line };
 }
 
 const complete = (s: TestServer, prompt: number[]): Promise<Response> => fetch(`${s.url}/v1/completions`, {
@@ -195,6 +195,7 @@ test("the KV cache doubles: a bf16 or f16 cache of the same --kv-cache-memory ha
     const base = await kvReport(fp32);
     assert.equal(base.blocks, 40);
     assert.equal(base.maxModelLen, 640);
+    assert.equal(base.bytes, kvCacheMemory, "the native pools take the budget");
     assert.match(base.metric, /num_gpu_blocks="40",cache_dtype="float32"\} 1$/);
     const long = Array.from({ length: 1000 }, (_, i) => 300 + (i % 500));
     assert.equal((await complete(fp32, long)).status, 400, "a 1000-token prompt does not fit 640 tokens of fp32 cache");
@@ -205,6 +206,7 @@ test("the KV cache doubles: a bf16 or f16 cache of the same --kv-cache-memory ha
         console.log(`${kv} KV cache in ${kvCacheMemory} bytes: ${r.blocks} blocks, context ${r.maxModelLen} (float32: ${base.blocks} blocks, ${base.maxModelLen})`);
         assert.equal(r.blocks, 2 * base.blocks);
         assert.equal(r.maxModelLen, 2 * base.maxModelLen);
+        assert.equal(r.bytes, kvCacheMemory, "twice the blocks in the same bytes");
         assert.match(r.metric, new RegExp(`num_gpu_blocks="80",cache_dtype="${kv}"\\} 1$`));
         const res = await complete(half, long);
         assert.equal(res.status, 200, await res.clone().text());

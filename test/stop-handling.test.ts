@@ -74,3 +74,13 @@ test("stop strings: removed with what follows, kept with include_stop_str_in_out
   assert.equal(plain.stopReason, "there");
   assert.equal((await go(true)).text, "Hello there");
 });
+
+test("min_tokens: a stop string before min_tokens is not a stop (as vLLM), after it is", async () => {
+  const engine = new Engine(new ScriptedRunner(STOP), { ...DEFAULT_ENGINE_CONFIG, blockSize: 4 },
+    { numBlocks: 64, maxModelLen: 256, vocabSize: 151936, eosTokenIds: [] }, tok);
+  const go = (minTokens: number) => engine.add({ promptTokenIds: [id("Hi")], params: defaultSamplingParams({ temperature: 0, maxTokens: 5, stop: ["there"], minTokens }) }).collect();
+  assert.equal((await go(0)).text, "Hello ");
+  const late = await go(4);
+  assert.equal(late.finishReason, "length", "the stop string came before min_tokens");
+  assert.equal(late.text, tok.decode([A, B, STOP, C, C]));
+});

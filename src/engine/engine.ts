@@ -243,7 +243,7 @@ export class Engine {
     // The scheduler decided whether this token stopped the request; its text is hidden unless asked for.
     const hidden = r.stopReason?.kind === "token" && !r.params.includeStopStrInOutput;
     const delta = l.detok && !hidden ? l.detok.push(tokenId) : "";
-    const { text, stopped: matched } = l.stops.push(delta);
+    const { text, stopped: matched } = l.stops.push(delta, r.outputTokenIds.length >= r.params.minTokens);
     l.pending.text += text;
     if (matched !== null) this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "string", stop: matched });
     if (r.status >= RequestStatus.FINISHED_STOPPED) this.complete(l);

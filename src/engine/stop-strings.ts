@@ -15,10 +15,14 @@ export class StopStringMatcher {
     this.holdBack = Math.max(0, ...stops.map((s) => s.length - 1));
   }
 
-  /** Adds decoded text; returns what can be emitted now and the stop string that ended generation, if one did. */
-  push(delta: string): { text: string; stopped: string | null } {
+  /**
+   * Adds decoded text; returns what can be emitted now and the stop string that ended generation, if one
+   * did. While `active` is false (min_tokens not reached, as vLLM does) no stop string is looked for.
+   */
+  push(delta: string, active = true): { text: string; stopped: string | null } {
     const from = Math.max(0, this.sent - this.holdBack);
     this.text += delta;
+    if (!active) return { text: this.take(this.text.length - this.holdBack), stopped: null }; // before min_tokens: no stop yet
     let cut = -1;
     let matched: string | null = null;
     for (const s of this.stops) {

@@ -1,8 +1,8 @@
 /**
  * A GGUF file as a Checkpoint: the model's shape from its metadata
  * (architectures llama, qwen2, qwen3), its tensors by llama.cpp's names mapped
- * to the addon's weights. F32/F16/BF16 tensors are served from the file as
- * they are. llama.cpp stores the `llama` architecture's q/k rows permuted for
+ * to the addon's weights. Tensors are served from the file as they are, in
+ * their stored type (F32/F16/BF16, Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K). llama.cpp stores the `llama` architecture's q/k rows permuted for
  * its interleaved rope; Weft's rope is rotate-half, so those rows are put back
  * in Hugging Face order, into a side file the addon maps instead.
  */
@@ -19,7 +19,10 @@ import type { NativeDType, NativeLayerWeights, NativeTensor, NativeWeights } fro
 
 const ARCHITECTURES: Record<string, Architecture> = { llama: "LlamaForCausalLM", qwen2: "Qwen2ForCausalLM", qwen3: "Qwen3ForCausalLM" };
 
-const NATIVE_DTYPES: Partial<Record<GgufTensor["type"], NativeDType>> = { F32: "f32", F16: "f16", BF16: "bf16" };
+/** Every type the reader accepts is served: quantized types stay quantized in memory (the addon's integer kernels). */
+const NATIVE_DTYPES: Record<GgufTensor["type"], NativeDType> = {
+  F32: "f32", F16: "f16", BF16: "bf16", Q8_0: "q8_0", Q4_0: "q4_0", Q4_1: "q4_1", Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k",
+};
 
 /** The file's eos, end-of-turn and end-of-message tokens: generation stops at any of them. */
 function stopTokens(m: GgufMetadata): number[] {
@@ -115,16 +118,14 @@ function readBytes(file: string, offset: number, length: number): Uint8Array {
   }
 }
 
-/** A GGUF tensor as the addon's view of it, after checking its shape and that the kernels read its type. */
+/** A GGUF tensor as the addon's view of it, after checking its shape. */
 function nativeTensor(g: Gguf, name: string, shape: number[]): NativeTensor {
   const t = g.tensors.get(name);
   if (!t) throw new CheckpointError(g.file, "missing tensor", name);
   if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
     throw new CheckpointError(g.file, `wrong shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`, name);
   }
-  const dtype = NATIVE_DTYPES[t.type];
-  if (!dtype) throw new CheckpointError(g.file, `quantized GGUF tensors are not supported yet by the kernels: ${name} is ${t.type}`, name);
-  return { file: g.file, offset: t.offset, byteLength: t.byteLength, dtype, shape: t.shape };
+  return { file: g.file, offset: t.offset, byteLength: t.byteLength, dtype: NATIVE_DTYPES[t.type], shape: t.shape };
 }
 
 function layerWeights(g: Gguf, c: ModelConfig, i: number): NativeLayerWeights {

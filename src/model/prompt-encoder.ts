@@ -5,7 +5,7 @@
  */
 import { maxPromptChars } from "./prompt-limits.js";
 import type { TokenizerPool } from "./tokenizer-pool.js";
-import type { ChatMessage, TextTokenizer } from "./tokenizer.js";
+import type { ChatMessage, ChatRenderOptions, TextTokenizer } from "./tokenizer.js";
 
 export class PromptEncoder {
   /** Characters past which a prompt (for chat: the rendered template) cannot fit. */
@@ -29,8 +29,8 @@ export class PromptEncoder {
     return this.pool.encode(this.tok, text, { maxChars: this.maxChars, signal });
   }
 
-  encodeChat(messages: ChatMessage[], signal?: AbortSignal): Promise<number[]> {
-    return this.pool.encodeChat(this.tok, messages, { maxChars: this.maxChars, signal });
+  encodeChat(messages: ChatMessage[], signal?: AbortSignal, render?: ChatRenderOptions): Promise<number[]> {
+    return this.pool.encodeChat(this.tok, messages, { maxChars: this.maxChars, signal, render });
   }
 
   /** The pool's workers drop this model's tokenizer. */

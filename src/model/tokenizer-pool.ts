@@ -11,11 +11,11 @@
 import os from "node:os";
 import { Worker } from "node:worker_threads";
 import { checkPromptChars, PromptTooLongError } from "./prompt-limits.js";
-import type { ChatMessage, TextTokenizer } from "./tokenizer.js";
+import type { ChatMessage, ChatRenderOptions, TextTokenizer } from "./tokenizer.js";
 
 export type WorkerRequest =
   | { kind: "encode"; dir: string; text: string }
-  | { kind: "chat"; dir: string; messages: ChatMessage[]; maxChars: number }
+  | { kind: "chat"; dir: string; messages: ChatMessage[]; maxChars: number; options: ChatRenderOptions }
   | { kind: "forget"; dir: string };
 
 export interface WireError {
@@ -86,8 +86,11 @@ function fromWireError(w: WireError): Error {
   return e;
 }
 
-function chatSize(messages: ChatMessage[]): number {
-  return messages.reduce((n, m) => n + m.content.length + MESSAGE_COST, 0);
+/** A chat's size for the inline-or-worker choice: its text, a cost per message, and any tools or calls it carries. */
+function chatSize(messages: ChatMessage[], options: ChatRenderOptions): number {
+  const extra = (x: unknown): number => (x === undefined ? 0 : JSON.stringify(x).length);
+  return messages.reduce((n, m) => n + m.content.length + MESSAGE_COST + extra((m as { tool_calls?: unknown }).tool_calls), 0) +
+    extra(options.tools) + extra(options.kwargs) + (options.template?.length ?? 0);
 }
 
 export class TokenizerPool {
@@ -112,12 +115,13 @@ export class TokenizerPool {
     return this.submit({ kind: "encode", dir: tok.dir, text }, opts.signal);
   }
 
-  /** `tok.encodeChat(messages, maxChars)`, in a worker when the messages are large or many. */
-  async encodeChat(tok: TextTokenizer, messages: ChatMessage[], opts: EncodeOptions = {}): Promise<number[]> {
+  /** `tok.encodeChat(messages, maxChars, render)`, in a worker when the chat (tools and template included) is large. */
+  async encodeChat(tok: TextTokenizer, messages: ChatMessage[], opts: EncodeOptions & { render?: ChatRenderOptions } = {}): Promise<number[]> {
     opts.signal?.throwIfAborted();
     const maxChars = opts.maxChars ?? Infinity;
-    if (chatSize(messages) <= this.inlineMaxChars) return tok.encodeChat(messages, maxChars);
-    return this.submit({ kind: "chat", dir: tok.dir, messages, maxChars }, opts.signal);
+    const options = opts.render ?? {};
+    if (chatSize(messages, options) <= this.inlineMaxChars) return tok.encodeChat(messages, maxChars, options);
+    return this.submit({ kind: "chat", dir: tok.dir, messages, maxChars, options }, opts.signal);
   }
 
   /** Drops the workers' copies of a model directory's tokenizer (call when the model is unloaded). */

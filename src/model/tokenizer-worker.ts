@@ -16,7 +16,7 @@ function tokenizer(dir: string): TextTokenizer {
 
 function encode(req: Exclude<WorkerRequest, { kind: "forget" }>): number[] {
   const tok = tokenizer(req.dir);
-  return req.kind === "chat" ? tok.encodeChat(req.messages, req.maxChars) : tok.encode(req.text);
+  return req.kind === "chat" ? tok.encodeChat(req.messages, req.maxChars, req.options) : tok.encode(req.text);
 }
 
 const port = parentPort;

@@ -6,7 +6,8 @@ import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
-export type NativeDType = "f32" | "f16" | "bf16";
+/** Float types, and GGUF's block-quantized types (kept quantized in memory; see docs/QUANTIZATION.md). */
+export type NativeDType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q4_k" | "q5_k" | "q6_k";
 
 /**
  * How the forward pass computes. float32: activations in fp32, weights widened
@@ -24,7 +25,7 @@ export type KvCacheDtype = "float32" | "bfloat16" | "float16";
 /** Kernel sets, best first: AMX-BF16 tiles, AVX512_BF16, AVX-512, AVX2, portable. */
 export type KernelSet = "amx" | "avx512bf16" | "avx512" | "avx2" | "scalar";
 
-/** A tensor inside a safetensors file, already validated by the loader. */
+/** A tensor inside a safetensors or GGUF file, already validated by the loader. */
 export interface NativeTensor {
   file: string;
   /** Absolute byte offset of the tensor data in `file`. */

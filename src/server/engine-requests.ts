@@ -63,9 +63,7 @@ export async function encodePrompts(r: GenerationRequest, model: LoadedModel, si
     requestToolParser(r, tok, chat, model.id);
     const options = renderOptions(r, chat);
     try {
-      // The tokenizer pool renders plain chats only; tools, template variables and a template override render inline.
-      const plain = !options.tools && Object.keys(options.kwargs ?? {}).length === 0 && options.template === undefined;
-      return [plain ? await model.encoder.encodeChat(r.messages, signal) : tok.encodeChat(r.messages, model.encoder.maxChars, options)];
+      return [await model.encoder.encodeChat(r.messages, signal, options)];
     } catch (e) {
       throw e instanceof PromptTooLongError ? tooLong(model, e, "messages") : e;
     }

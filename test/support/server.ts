@@ -6,6 +6,7 @@ import { EngineManager, DEFAULT_ENGINE_CONFIG, type EngineConfig, type ManagerHo
 import { managerHooks } from "../../src/commands/serve.js";
 import { UsageRecorder } from "../../src/store/usage-recorder.js";
 import { DEFAULT_HTTP_LIMITS, type HttpLimits } from "../../src/server/http-limits.js";
+import type { ChatSettings } from "../../src/server/chat-settings.js";
 import { Authenticator } from "../../src/server/auth.js";
 import { buildServer, type Server } from "../../src/server/app.js";
 import { Metrics } from "../../src/server/metrics.js";
@@ -38,6 +39,8 @@ export interface TestServerOptions {
   maxLoadedModels?: number;
   /** The HTTP edge; absent fields take the serve defaults. */
   http?: { allowedOrigins?: string[]; allowedHosts?: string[]; limits?: Partial<HttpLimits> };
+  /** Reasoning and tool-call parsers, chat template override (the serve flags). */
+  chat?: ChatSettings;
   /** Wraps each model's runner (fault injection). */
   wrapRunner?: ManagerHooks["wrapRunner"];
   /** Serve the Files and Batches API (files in a temp dir unless `dataDir`). */
@@ -64,6 +67,7 @@ export async function startServer(o: TestServerOptions = {}): Promise<TestServer
   const usage = new UsageRecorder(store, { flushMs: 50, log: logger });
   const server = buildServer({
     manager, auth, usage, logger, metrics, bodyLimit: o.bodyLimit ?? 1024 * 1024, protectMetrics: o.protectMetrics ?? false,
+    ...(o.chat ? { chat: o.chat } : {}),
     http: { allowedOrigins: o.http?.allowedOrigins ?? [], allowedHosts: o.http?.allowedHosts ?? [], limits: { ...DEFAULT_HTTP_LIMITS, ...o.http?.limits } },
     rateLimiter: new RateLimiter(o.rateLimits ?? { requestsPerMinute: 0, tokensPerMinute: 0 }), sseLimits: o.sseLimits ?? DEFAULT_SSE_LIMITS,
     ...(o.batch ? { batch: { dbFile, dataDir: o.batch.dataDir ?? tempDir(), maxFileBytes: o.batch.maxFileBytes ?? 200 * 2 ** 20 } } : {}),
