@@ -144,6 +144,10 @@ StepInput parseStep(const Napi::Object& o) {
   auto biasValues = typed<float, napi_float32_array>(o, "biasValues", biasIds.size(), "Float32Array");
   if (biasOffsets[0] != 0 || biasOffsets[S] != static_cast<int32_t>(biasIds.size()))
     throw std::invalid_argument("step input 'biasOffsets' does not cover 'biasIds'");
+  // Grammar masks: row i's maskWords words start at masks[maskOffsets[i]]; -1 = no mask.
+  auto maskOffsets = typed<int32_t, napi_int32_array>(o, "maskOffsets", S, "Int32Array");
+  auto masks = int32s(o, "masks");
+  const int32_t maskWords = intField(o, "maskWords");
   for (size_t i = 0; i < S; i++) {
     SamplingParams p;
     p.temperature = temperature[i];
@@ -158,6 +162,12 @@ StepInput parseStep(const Napi::Object& o) {
     p.seed = seeds[i];
     if (biasOffsets[i] > biasOffsets[i + 1]) throw std::invalid_argument("step input 'biasOffsets' must not decrease");
     for (int32_t j = biasOffsets[i]; j < biasOffsets[i + 1]; j++) p.bias.emplace_back(biasIds[j], biasValues[j]);
+    if (maskOffsets[i] != -1) {
+      const int64_t end = static_cast<int64_t>(maskOffsets[i]) + maskWords;
+      if (maskOffsets[i] < 0 || maskWords <= 0 || end > static_cast<int64_t>(masks.size()))
+        throw std::invalid_argument("step input 'maskOffsets' points outside 'masks'");
+      p.mask.assign(masks.begin() + maskOffsets[i], masks.begin() + end);
+    }
     in.params.push_back(p);  // values are checked per row by the step (samplingError): a bad row fails alone
   }
   in.promptOffsets = int32s(o, "promptOffsets");

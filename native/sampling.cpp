@@ -73,6 +73,12 @@ bool samplable(const float* v, int n) {
   return bad == 0 && any != 0;
 }
 
+// Tokens whose mask bit is clear can never be sampled.
+void applyMask(float* logits, const uint32_t* mask, int vocab) {
+  for (int t = 0; t < vocab; t++)
+    if (!((mask[t >> 5] >> (t & 31)) & 1u)) logits[t] = -INFINITY;
+}
+
 Sampled failed(const char* why) {
   Sampled s;
   s.error = why;
@@ -162,15 +168,19 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   // Biases and penalties change a copy; without them the raw logits are sampled directly.
   const float* work = logits;
   const bool penalised = p.repetitionPenalty != 1.0f || p.presencePenalty != 0.0f || p.frequencyPenalty != 0.0f;
-  if (penalised || !p.bias.empty()) {
+  if (penalised || !p.bias.empty() || !p.mask.empty()) {
     scratch.assign(logits, logits + vocab);
     for (const auto& [id, value] : p.bias) {
       if (id < 0 || id >= vocab) return failed("a logit_bias token id is outside the vocabulary");
       scratch[id] += value;
     }
+    if (!p.mask.empty()) {
+      if (p.mask.size() != static_cast<size_t>(vocab + 31) / 32) return failed("the token mask does not cover the vocabulary");
+      applyMask(scratch.data(), p.mask.data(), vocab);
+    }
     std::vector<int> counts;
     if (penalised) applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
-    if (!samplable(scratch.data(), vocab)) return failed("the biases or penalties left no token to sample");
+    if (!samplable(scratch.data(), vocab)) return failed("the biases, penalties or token mask left no token to sample");
     work = scratch.data();
   }
 

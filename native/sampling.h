@@ -21,6 +21,9 @@ struct SamplingParams {
   // (token id, value) added to its logit before penalties and sampling (logit_bias; -inf bans a
   // token, as min_tokens does to EOS). Log-probs stay those of the raw logits.
   std::vector<std::pair<int32_t, float>> bias;
+  // Grammar mask (structured outputs): bit t of word t/32 set = token t allowed; empty = no mask.
+  // Masked-out tokens get -inf before penalties and sampling; log-probs stay the raw ones.
+  std::vector<uint32_t> mask;
 };
 
 struct Sampled {

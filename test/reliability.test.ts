@@ -176,7 +176,7 @@ test("a failure injected into one engine step ends that step's requests with a 5
 test("KV exhaustion under load: preemption, never failure, outputs identical to an unconstrained run", async () => {
   // 20 blocks of 16 tokens: any one request fits, sixteen at once cannot.
   const perBlock = kvBytesPerBlock(readModelConfig(fixtureModelDir()), 16);
-  const tight = await startServer({ engine: { kvCacheMemory: 20 * perBlock, blockSize: 16, maxNumSeqs: 16 } });
+  const tight = await startServer({ engine: { kvCacheMemory: 20 * perBlock, blockSize: 16, maxNumSeqs: 16, kvCacheDtype: "float32" } });
   try {
     const prompts = Array.from({ length: 16 }, (_, i) => Array.from({ length: 20 + i * 3 }, (_, j) => 300 + i * 50 + j));
     const run = (url: string): Promise<StreamResult[]> => Promise.all(prompts.map((p) => streamCompletion(url, { model: "tiny", prompt: p, max_tokens: 40, ignore_eos: true, temperature: 0 })));

@@ -207,7 +207,7 @@ test("metrics use vLLM's names", async () => {
   ];
   for (const [name, type] of expected) assert.equal(types.get(name), type, `${name} is exported as a ${type}`);
   assert.match(text, /^vllm:request_success_total\{model_name="tiny",finished_reason="(stop|length)"\} \d+$/m);
-  assert.match(text, /vllm:cache_config_info\{model_name="tiny",block_size="16",num_gpu_blocks="\d+"\} 1/);
+  assert.match(text, /vllm:cache_config_info\{model_name="tiny",block_size="16",num_gpu_blocks="\d+",cache_dtype="(float32|bfloat16|float16)"\} 1/);
 });
 
 test("health stays open; one log line per request without prompt text", async () => {

@@ -3,7 +3,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { pino, type Logger } from "pino";
-import { EngineManager, kvBytesPerBlock, planKv, type ManagerHooks } from "../engine/engine-manager.js";
+import { EngineManager, planKv, type ManagerHooks } from "../engine/engine-manager.js";
 import type { EngineConfig } from "../engine/engine-config.js";
 import { makeModel } from "../model/make-model.js";
 import { loadCheckpoint } from "../model/checkpoint.js";
@@ -136,7 +136,7 @@ export async function serve(o: ServeOptions): Promise<void> {
     const c = loadCheckpoint(dir).config; // a directory or a GGUF file; a bad one fails here, at start
     const kv = planKv(c, manager.config);
     log.info(`model ${id}: ${c.architecture} at ${dir}; context ${kv.maxModelLen} tokens; KV cache ${kv.numBlocks} blocks × ` +
-      `${manager.config.blockSize} tokens (${((kv.numBlocks * kvBytesPerBlock(c, manager.config.blockSize)) / 2 ** 20).toFixed(0)} MiB); engine starts on first request`);
+      `${manager.config.blockSize} tokens, ${kv.kvCacheDtype} (${((kv.numBlocks * kv.bytesPerBlock) / 2 ** 20).toFixed(0)} MiB); engine starts on first request`);
   }
   manager.prepare(); // tokenizers built before serving: no model load blocks the event loop on one later
   await server.app.listen({ host: o.host, port: o.port });

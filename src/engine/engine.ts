@@ -10,6 +10,7 @@ import type { RunnerSequence, StepResult } from "../runtime/model-runner.js";
 import { AdmissionPolicy, refusalError } from "./admission.js";
 import type { EngineConfig, ModelLimits } from "./engine-config.js";
 import { EngineError } from "./errors.js";
+import type { Grammar } from "./grammar.js";
 import { OutputStream, type RequestOutput } from "./output-stream.js";
 import { Priority, Request, RequestStatus, finishReason, type RequestInput, type StopReason } from "./request.js";
 import { Scheduler, type ScheduledRequest } from "./scheduler.js";
@@ -94,6 +95,7 @@ export class Engine {
     const tenant = input.tenant ?? "";
     const r = new Request(id, [...input.promptTokenIds], input.params, input.priority ?? Priority.NORMAL, tenant,
       input.cacheSalt ?? tenant, this.now(), this.sequence++);
+    r.grammar = input.grammar ?? null;
     const stream = new OutputStream(id, () => this.abort(id));
     const detok = this.tokenizer ? new IncrementalDetokenizer(this.tokenizer, r.promptTokenIds, input.params.skipSpecialTokens) : null;
     this.live.set(id, { request: r, stream, detok, stops: new StopStringMatcher(input.params.stop, input.params.includeStopStrInOutput), pending: emptyOutput() });
@@ -184,14 +186,16 @@ export class Engine {
   }
 
   private async execute(scheduled: ScheduledRequest[]): Promise<StepResult | null> {
-    const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }) => ({
-      tokenIds: r.allTokenIds.slice(r.numComputedTokens, r.numComputedTokens + numTokens),
-      startPosition: r.numComputedTokens,
-      blockTable: this.kv.blockIds(r.id),
-      sample: sample ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r) } : null,
-    }));
     const start = this.now();
     try {
+      // A constrained row samples under its grammar's mask; other rows are untouched.
+      const masks = await Promise.all(scheduled.map(({ request: r, sample }) => (sample && r.grammar ? nextMask(r, r.grammar) : undefined)));
+      const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }, i) => ({
+        tokenIds: r.allTokenIds.slice(r.numComputedTokens, r.numComputedTokens + numTokens),
+        startPosition: r.numComputedTokens,
+        blockTable: this.kv.blockIds(r.id),
+        sample: sample ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r), mask: masks[i] } : null,
+      }));
       const result = await this.runner.execute(seqs);
       this.steps++;
       const decode = scheduled.filter((s) => s.request.outputTokenIds.length > 0 && s.numTokens === 1 && s.request.numComputedTokens === s.request.numTokens - 1).length;
@@ -212,6 +216,7 @@ export class Engine {
   }
 
   private process(scheduled: ScheduledRequest[], result: StepResult): void {
+    this.advanceGrammars(scheduled, result);
     const tokens = result.samples.map((s) => s?.tokenId ?? null);
     this.scheduler.update(scheduled, tokens);
     const now = this.now();
@@ -225,6 +230,20 @@ export class Engine {
       const l = this.live.get(s.request.id);
       if (!sample || !l) return;
       this.emitToken(l, sample.tokenId, { tokenId: sample.tokenId, logprob: sample.logprob, top: sample.top }, now);
+    });
+  }
+
+  /** Each constrained row's grammar takes its sampled token; the scheduler's stop check then sees grammarDone. */
+  private advanceGrammars(scheduled: ScheduledRequest[], result: StepResult): void {
+    scheduled.forEach(({ request: r }, i) => {
+      const sample = result.samples[i];
+      if (!r.matcher || !sample || r.status !== RequestStatus.RUNNING) return;
+      if (!r.matcher.accept(sample.tokenId)) {
+        result.samples[i] = null;
+        result.errors[i] = `token ${sample.tokenId} does not follow the request's grammar`;
+        return;
+      }
+      r.grammarDone = r.matcher.done;
     });
   }
 
@@ -260,6 +279,7 @@ export class Engine {
   private complete(l: Live): void {
     const r = l.request;
     this.live.delete(r.id);
+    r.matcher?.dispose();
     const out = l.pending;
     if (r.stopReason?.kind !== "string") {
       // Release held-back text (an incomplete character, a possible stop-string prefix).
@@ -275,6 +295,16 @@ export class Engine {
     this.observer.finished?.(r);
     l.stream.push(out);
   }
+}
+
+/** The request's next token mask; its matcher is made at its first sampled step (not while it waits in the queue). */
+async function nextMask(r: Request, grammar: Grammar): Promise<Int32Array | undefined> {
+  if (!r.matcher) {
+    const m = await grammar.matcher();
+    if (r.status !== RequestStatus.RUNNING) return void m.dispose(); // it ended while the matcher was made
+    r.matcher = m;
+  }
+  return r.matcher.nextMask();
 }
 
 /** vLLM's stop_reason: the stop token id or stop string; null for EOS and non-stop endings. */

@@ -1,6 +1,7 @@
 /** A generation request and its lifecycle. */
 import type { SamplingParams } from "./sampling-params.js";
 import type { TokenLogprob } from "../runtime/model-runner.js";
+import type { Grammar, RequestGrammar } from "./grammar.js";
 
 /** Ordered: every status after RUNNING is final. */
 export enum RequestStatus {
@@ -52,6 +53,8 @@ export interface RequestInput {
   /** Tenant: the prefix-cache salt unless `cacheSalt` is given. */
   tenant?: string;
   cacheSalt?: string;
+  /** Structured output: the grammar its tokens must follow. */
+  grammar?: Grammar;
 }
 
 export class Request {
@@ -69,6 +72,11 @@ export class Request {
   stopReason: StopReason | null = null;
   error: string | null = null;
   errorKind: "shutdown" | "internal" = "internal";
+  /** Structured output: its grammar, and its matcher from its first sampled step on (disposed when it ends). */
+  grammar: Grammar | null = null;
+  matcher: RequestGrammar | null = null;
+  /** A stop token has completed the grammar. */
+  grammarDone = false;
 
   constructor(
     readonly id: string,

@@ -125,6 +125,7 @@ export class Scheduler {
     const eos = !p.ignoreEos && this.limits.eosTokenIds.includes(token);
     const mayStop = r.outputTokenIds.length >= p.minTokens;
     if (mayStop && (eos || p.stopTokenIds.includes(token))) this.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "token", tokenId: token, eos });
+    else if (r.grammarDone) this.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "token", tokenId: token, eos: this.limits.eosTokenIds.includes(token) });
     else if (r.outputTokenIds.length >= p.maxTokens || r.numTokens >= this.limits.maxModelLen) this.finish(r, RequestStatus.FINISHED_LENGTH);
   }
 

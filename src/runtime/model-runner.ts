@@ -53,6 +53,8 @@ export interface SampleRequest {
   outputIds: readonly number[];
   /** Token ids that cannot be sampled at this step (EOS and stop tokens before min_tokens). */
   banned?: readonly number[];
+  /** Grammar mask (structured outputs): ceil(vocab / 32) words, bit t set = token t may be sampled. */
+  mask?: Int32Array;
 }
 
 /** One sequence's share of a step. */
@@ -174,6 +176,7 @@ export class ModelRunner {
     const blockTables = new Int32Array(seqs.length * maxBlocks).fill(-1);
     const sampleRows: number[] = [], params: RunnerSampling[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
     const prompt: number[][] = [], output: number[][] = [], bias: (readonly [number, number])[][] = [];
+    const masks: (Int32Array | undefined)[] = [];
     let row = 0;
     seqs.forEach((s, b) => {
       seqStarts[b] = row;
@@ -195,6 +198,7 @@ export class ModelRunner {
         params.push(req ? req.params : GREEDY);
         counters.push(req ? req.counter : 0);
         bias.push(req ? [...(req.params.logitBias ?? []), ...(req.banned ?? []).map((id) => [id, -Infinity] as const)] : []);
+        masks.push(req?.mask);
         const penal = req && usesPenalties(req.params);
         prompt.push(penal ? [...req.promptIds] : []);
         output.push(penal ? [...req.outputIds] : []);
@@ -224,10 +228,28 @@ export class ModelRunner {
       counters: Int32Array.from(counters),
       numLogprobs: Int32Array.from(params, (p) => p.logprobs),
       biasOffsets, biasIds, biasValues: Float32Array.from(bias.flat(), ([, v]) => v),
+      ...this.flatMasks(masks),
       promptOffsets, promptTokens, outputOffsets, outputTokens,
       returnLogits: seqs.some((s) => s.allLogits),
       rowsPerSeq,
     };
+  }
+
+  /** Each row's grammar mask, end to end; -1 offsets for rows without one. */
+  private flatMasks(rows: readonly (Int32Array | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords"> {
+    const maskWords = Math.ceil(this.vocab / 32);
+    const present = rows.filter((m) => m !== undefined);
+    const masks = new Int32Array(present.length * maskWords);
+    const maskOffsets = new Int32Array(rows.length).fill(-1);
+    let at = 0;
+    rows.forEach((m, i) => {
+      if (!m) return;
+      if (m.length !== maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${maskWords}`);
+      masks.set(m, at);
+      maskOffsets[i] = at;
+      at += maskWords;
+    });
+    return { maskOffsets, masks, maskWords };
   }
 
   private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {

@@ -107,6 +107,9 @@ export interface NativeStepInput {
   biasOffsets: Int32Array; // (S+1) into biasIds / biasValues
   biasIds: Int32Array; // token ids whose logit is biased before sampling
   biasValues: Float32Array; // added to those logits (-Infinity bans the token)
+  maskOffsets: Int32Array; // (S) start of the row's grammar mask in masks, -1 = none
+  masks: Int32Array; // maskWords words per mask: bit t of word t/32 set = token t may be sampled
+  maskWords: number; // ceil(vocab / 32)
   promptOffsets: Int32Array; // (S+1) into promptTokens (repetition penalty)
   promptTokens: Int32Array;
   outputOffsets: Int32Array; // (S+1) into outputTokens (all penalties)

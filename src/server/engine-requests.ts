@@ -10,6 +10,7 @@ import { defaultSamplingParams, type SamplingParams } from "../engine/sampling-p
 import { PromptTooLongError } from "../model/prompt-limits.js";
 import { apiError, type ApiError } from "./errors.js";
 import type { ChatRequest, CompletionRequest } from "./request-schema.js";
+import { compileStructured, structuredGrammar } from "./structured-output.js";
 import { DEFAULT_CHAT_SETTINGS, renderOptions, requestToolParser, type ChatSettings } from "./chat-settings.js";
 
 export type GenerationRequest = ChatRequest | CompletionRequest;
@@ -61,6 +62,7 @@ export async function encodePrompts(r: GenerationRequest, model: LoadedModel, si
     if (!tok) throw apiError("invalid_request", { param: "model", detail: `model ${model.id} has no tokenizer` });
     if (!tok.hasChatTemplate && chat.chatTemplate === null) throw apiError("invalid_request", { param: "messages", detail: `model ${model.id} has no chat template: use /v1/completions` });
     requestToolParser(r, tok, chat, model.id);
+    await compileStructured(r.structured, model);
     const options = renderOptions(r, chat);
     try {
       return [await model.encoder.encodeChat(r.messages, signal, options)];
@@ -68,6 +70,7 @@ export async function encodePrompts(r: GenerationRequest, model: LoadedModel, si
       throw e instanceof PromptTooLongError ? tooLong(model, e, "messages") : e;
     }
   }
+  await compileStructured(r.structured, model);
   for (const p of r.prompts) {
     if (typeof p === "string" && p.length > model.encoder.maxChars) throw tooLong(model, new PromptTooLongError(p.length, model.encoder.maxChars), "prompt");
   }
@@ -87,11 +90,12 @@ export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: nu
   if (outside) throw apiError("invalid_request", { param: "logit_bias", detail: `token id ${outside[0]} is outside the vocabulary (0..${vocab - 1})` });
   // A tool-call marker that is a special token (Mistral's [TOOL_CALLS]) must survive detokenizing.
   const keepSpecial = r.kind === "chat" && model.tokenizer !== null && (requestToolParser(r, model.tokenizer, chat, model.id)?.needsSpecialTokens ?? false);
+  const grammar = structuredGrammar(r.structured, model);
   const inputs = prompts.flatMap((promptTokenIds, p) => Array.from({ length: r.n }, (_, i) => {
     const index = p * r.n + i;
     return {
       index, promptIndex: p,
-      input: { id: `${ids.requestId}-${index}`, promptTokenIds, params: samplingParams(r, promptTokenIds.length, maxModelLen, index, keepSpecial), priority: ids.priority, tenant: ids.tenant },
+      input: { id: `${ids.requestId}-${index}`, promptTokenIds, params: samplingParams(r, promptTokenIds.length, maxModelLen, index, keepSpecial), priority: ids.priority, tenant: ids.tenant, ...(grammar ? { grammar } : {}) },
     };
   }));
   const streams = model.engine.addGroup(inputs.map((x) => x.input));

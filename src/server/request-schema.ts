@@ -7,6 +7,7 @@
  */
 import { apiError, invalid } from "./errors.js";
 import type { ChatMessage, TemplateToolCall } from "../model/tokenizer.js";
+import { parseStructuredOutput, type StructuredOutput } from "./structured-output.js";
 
 type Json = Record<string, unknown>;
 
@@ -40,6 +41,8 @@ export interface CommonFields {
   minTokens: number;
   /** OpenAI's logit_bias as (token id, bias) pairs. */
   logitBias: [number, number][];
+  /** response_format or structured_outputs: the grammar the output must follow, or null. */
+  structured: StructuredOutput | null;
 }
 
 /** OpenAI's tool_choice: a function named, or what the model may do. */
@@ -186,6 +189,7 @@ function common(body: Json, logprobs: number | null): CommonFields {
     skipSpecialTokens: bool(body, "skip_special_tokens", true),
     minTokens,
     logitBias: logitBias(body),
+    structured: parseStructuredOutput(body),
   };
 }
 
@@ -276,11 +280,22 @@ export function parseChatRequest(body: Json): ChatRequest {
   if (present(body, "top_logprobs") && !wantLogprobs) throw invalid("top_logprobs", "requires logprobs: true");
   if (present(body, "chat_template_kwargs") && !isObject(body.chat_template_kwargs)) throw invalid("chat_template_kwargs", "must be an object");
   const declared = tools(body);
+  const fields = common(body, wantLogprobs ? top : null);
+  const choice = toolChoice(body, declared);
+  const kwargs = present(body, "chat_template_kwargs") ? (body.chat_template_kwargs as Json) : {};
   return {
-    kind: "chat", messages, tools: declared, toolChoice: toolChoice(body, declared), parallelToolCalls: bool(body, "parallel_tool_calls", true),
-    chatTemplateKwargs: present(body, "chat_template_kwargs") ? (body.chat_template_kwargs as Json) : {},
-    ...common(body, wantLogprobs ? top : null),
+    kind: "chat", messages, tools: declared, toolChoice: choice, parallelToolCalls: bool(body, "parallel_tool_calls", true),
+    chatTemplateKwargs: constrained(fields, choice) ? noThinking(kwargs) : kwargs,
+    ...fields,
   };
+}
+
+/** Decoding is constrained from the first token: by a structured output, or a tool call that must come. */
+const constrained = (f: CommonFields, choice: ToolChoice): boolean => f.structured !== null || choice === "required" || typeof choice === "object";
+
+/** A thinking template (Qwen3) does not think before a constrained answer unless the request asks for it. */
+function noThinking(kwargs: Json): Json {
+  return "enable_thinking" in kwargs ? kwargs : { ...kwargs, enable_thinking: false };
 }
 
 export function parseCompletionRequest(body: Json): CompletionRequest {
