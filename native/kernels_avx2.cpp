@@ -82,6 +82,7 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
     case DType::F32: return matmulTyped<DType::F32>(xp, T, w, y, g0, g1);
     case DType::F16: return matmulTyped<DType::F16>(xp, T, w, y, g0, g1);
     case DType::BF16: return matmulTyped<DType::BF16>(xp, T, w, y, g0, g1);
+    default: break;  // quantized matrices go through matmulQuant
   }
 }
 

@@ -42,6 +42,7 @@ float weightAt(const void* w, DType dtype, size_t i) {
     case DType::F32: return static_cast<const float*>(w)[i];
     case DType::F16: return f16ToF32(static_cast<const uint16_t*>(w)[i]);
     case DType::BF16: return bf16ToF32(static_cast<const uint16_t*>(w)[i]);
+    default: break;  // quantized matrices go through matmulQuant
   }
   return 0.0f;
 }
