@@ -17,6 +17,7 @@ let s: TestServer;
 let vip: string, bulk: string, plain: string;
 before(async () => {
   s = await startServer({ engine: { maxNumSeqs: 8, maxWaitingRequests: 64, maxWaitingPerTenant: 0 }, bodyLimit: 8 * 2 ** 20 });
+  await s.manager.prepare(); // as `weft serve` does before listening
   vip = s.store.create("vip", "high");
   bulk = s.store.create("bulk", "low");
   plain = s.store.create("plain", "normal");
@@ -208,7 +209,7 @@ test("a rate-limited request loads no model", async () => {
 test("cycling models in and out (--max-loaded-models 1) never stalls /health past 100 ms", async () => {
   const t = await startServer({ models: { other: fixtureModelDir() }, maxLoadedModels: 1 });
   try {
-    t.manager.prepare(); // as `weft serve` does before listening
+    await t.manager.prepare(); // as `weft serve` does before listening
     const send = (model: string): Promise<Response> => fetch(`${t.url}/v1/completions`, {
       method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model, prompt: "x", max_tokens: 1 }),
     });

@@ -138,7 +138,7 @@ export async function serve(o: ServeOptions): Promise<void> {
     log.info(`model ${id}: ${c.architecture} at ${dir}; context ${kv.maxModelLen} tokens; KV cache ${kv.numBlocks} blocks × ` +
       `${manager.config.blockSize} tokens, ${kv.kvCacheDtype} (${((kv.numBlocks * kv.bytesPerBlock) / 2 ** 20).toFixed(0)} MiB); engine starts on first request`);
   }
-  manager.prepare(); // tokenizers built before serving: no model load blocks the event loop on one later
+  await manager.prepare(); // tokenizers built before serving: no model load blocks the event loop on one later
   await server.app.listen({ host: o.host, port: o.port });
   log.info(`weft listening on http://${o.host}:${(server.app.server.address() as { port: number }).port} ` +
     `(models: ${[...models.keys()].join(", ")}; auth ${auth.required ? "on" : "off"}; db ${o.db === DEFAULT_DB_PATH ? "default " : ""}${o.db})`);

@@ -129,9 +129,15 @@ export class EngineManager {
     return this.models.has(id);
   }
 
-  /** Builds every model's tokenizer now (at start, before serving), so no later load blocks the event loop on it. */
-  prepare(): void {
-    for (const id of this.models.keys()) this.tokenizer(id);
+  /**
+   * Builds every model's tokenizer now (at start, before serving), so no later load blocks the event
+   * loop on it, and loads it in the tokenizer pool's workers too, so a first large prompt does not wait.
+   */
+  async prepare(): Promise<void> {
+    for (const id of this.models.keys()) {
+      const tok = this.tokenizer(id);
+      if (tok) await this.tokenizerPool.warm(tok);
+    }
   }
 
   private tokenizer(id: string): TextTokenizer | null {

@@ -124,6 +124,11 @@ export class TokenizerPool {
     return this.submit({ kind: "chat", dir: tok.dir, messages, maxChars, options }, opts.signal);
   }
 
+  /** Loads `tok`'s tokenizer in every worker now, off the event loop, so a first large prompt does not wait for it. */
+  async warm(tok: TextTokenizer): Promise<void> {
+    await Promise.all(Array.from({ length: this.size }, () => this.submit({ kind: "encode", dir: tok.dir, text: "" }, undefined).catch(() => {})));
+  }
+
   /** Drops the workers' copies of a model directory's tokenizer (call when the model is unloaded). */
   forget(dir: string): void {
     for (const s of this.slots) s.worker.postMessage({ kind: "forget", dir } satisfies WorkerRequest);
