@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import net from "node:net";
 import path from "node:path";
 import { startServer, metric, fixtureModelDir, type TestServer } from "./support/server.js";
-import { kvBytesPerBlock } from "../src/engine/engine-manager.js";
+import { DEFAULT_ENGINE_CONFIG, planKv } from "../src/engine/engine-manager.js";
 import { readModelConfig } from "../src/model/config.js";
 import { percentile } from "../src/bench/stats.js";
 import { readSseEvents } from "../src/bench/sse-reader.js";
@@ -175,8 +175,9 @@ test("a failure injected into one engine step ends that step's requests with a 5
 
 test("KV exhaustion under load: preemption, never failure, outputs identical to an unconstrained run", async () => {
   // 20 blocks of 16 tokens: any one request fits, sixteen at once cannot.
-  const perBlock = kvBytesPerBlock(readModelConfig(fixtureModelDir()), 16);
-  const tight = await startServer({ engine: { kvCacheMemory: 20 * perBlock, blockSize: 16, maxNumSeqs: 16, kvCacheDtype: "float32" } });
+  // The block size in bytes of this host's KV cache type (auto: bf16 where bf16 compute is the default), as `s` has.
+  const perBlock = planKv(readModelConfig(fixtureModelDir()), { ...DEFAULT_ENGINE_CONFIG, blockSize: 16 }).bytesPerBlock;
+  const tight = await startServer({ engine: { kvCacheMemory: 20 * perBlock, blockSize: 16, maxNumSeqs: 16 } });
   try {
     const prompts = Array.from({ length: 16 }, (_, i) => Array.from({ length: 20 + i * 3 }, (_, j) => 300 + i * 50 + j));
     const run = (url: string): Promise<StreamResult[]> => Promise.all(prompts.map((p) => streamCompletion(url, { model: "tiny", prompt: p, max_tokens: 40, ignore_eos: true, temperature: 0 })));

@@ -160,7 +160,7 @@ test("through the server: with the database held by another process, requests st
     });
     const start = Date.now();
     while ((await post({}, "weft-wrong")).status !== 401) {
-      assert.ok(Date.now() - start < 2500, "auth did not turn on");
+      assert.ok(Date.now() - start < 10000, "auth did not turn on");
       await sleep(50);
     }
     assert.equal((await post({})).status, 200);
