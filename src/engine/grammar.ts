@@ -37,12 +37,11 @@ function loadXGrammar(): XG {
   const require = createRequire(import.meta.url);
   const file = path.join(path.dirname(require.resolve("@mlc-ai/web-xgrammar/package.json")), "lib", "index.js");
   const mod = { exports: {} as XG };
-  const quiet = Object.assign(Object.create(console) as Console, {
-    log: () => {},
-    error: (m: unknown) => { lastFatal = String(m); },
-    warn: (m: unknown) => { lastFatal = String(m); },
-  });
-  // eslint-disable-next-line @typescript-eslint/no-implied-eval -- evaluating a pinned, local bundle (see above)
+  const keepFatal = (m: unknown): void => {
+    if (String(m).startsWith("[FATAL]")) lastFatal = String(m);
+  };
+  const quiet = Object.assign(Object.create(console) as Console, { log: keepFatal, error: keepFatal, warn: keepFatal });
+  // Evaluating a pinned, local bundle (see above).
   const run = new Function("exports", "module", "require", "__filename", "__dirname", "console", fs.readFileSync(file, "utf8")) as
     (...args: unknown[]) => void;
   run(mod.exports, mod, createRequire(file), file, path.dirname(file), quiet);
@@ -89,7 +88,9 @@ export class GrammarCompiler {
         this.tokenizer.specialIds.has(id) ? "" : (this.tokenizer.tokenPiece(id) ?? ""));
       const { type, prependSpace } = vocabType(this.tokenizer);
       const info = await xg.TokenizerInfo.createTokenizerInfo(vocab, type, prependSpace, this.vocabSize, [...this.stopTokenIds]);
-      return xg.GrammarCompiler.createGrammarCompiler(info);
+      // XGrammar's own cache is off: a compile that aborts leaves its entry pending, and the same grammar
+      // sent again would wait on it forever. Ours (below) keeps only grammars that compiled.
+      return xg.GrammarCompiler.createGrammarCompiler(info, false);
     })();
     return this.compiler;
   }

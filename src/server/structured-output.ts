@@ -18,13 +18,6 @@ export interface StructuredOutput {
 
 const isObject = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
 
-/** Keys sorted at every level: equal schemas share one cache entry. */
-function canonical(v: unknown): unknown {
-  if (Array.isArray(v)) return v.map(canonical);
-  if (!isObject(v)) return v;
-  return Object.fromEntries(Object.keys(v).sort().map((k) => [k, canonical(v[k])]));
-}
-
 function schemaSpec(schema: unknown, param: string): GrammarSpec {
   if (typeof schema === "string") {
     try {
@@ -35,7 +28,8 @@ function schemaSpec(schema: unknown, param: string): GrammarSpec {
   }
   if (typeof schema === "boolean") schema = schema ? {} : { not: {} };
   if (!isObject(schema)) throw invalid(param, "must be a JSON schema object");
-  return { type: "json_schema", schema: JSON.stringify(canonical(schema)) };
+  // Key order is kept: the output's properties follow the schema's order (so equal schemas in another order compile apart).
+  return { type: "json_schema", schema: JSON.stringify(schema) };
 }
 
 function responseFormat(v: unknown): StructuredOutput | null {
