@@ -118,7 +118,7 @@ void dequantBlock(DType d, const uint8_t* b, float* y) {
 }
 
 // Q4_K / Q5_K superblock → 8 blocks: q in 0..15 (0..31), lane scale d·sc, min -dmin·m.
-void unpackK45(const uint8_t* b, bool five, int8_t* q, float* dv, float* m) {
+void unpackK45(const uint8_t* b, bool five, int8_t* q, float* dv, float* m, int step) {
   const float dd = f16At(b), dmin = f16At(b + 2);
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + (five ? 48 : 16);
@@ -126,33 +126,40 @@ void unpackK45(const uint8_t* b, bool five, int8_t* q, float* dv, float* m) {
     for (int h = 0; h < 2; h++) {
       int sc, mi;
       scaleMin(2 * j + h, b + 4, &sc, &mi);
-      fill8(dv + 8 * (2 * j + h), dd * sc);
-      m[2 * j + h] = -(dmin * mi);
+      const int blk = (2 * j + h) * step;
+      fill8(dv + 8 * blk, dd * sc);
+      m[blk] = -(dmin * mi);
       const int bit = 1 << (2 * j + h);
       for (int l = 0; l < 32; l++) {
         const int nib = h ? qs[l] >> 4 : qs[l] & 0xF;
-        q[64 * j + 32 * h + l] = static_cast<int8_t>(nib + (five && (qh[l] & bit) ? 16 : 0));
+        q[32 * blk + l] = static_cast<int8_t>(nib + (five && (qh[l] & bit) ? 16 : 0));
       }
     }
   }
 }
 
 // Q6_K superblock → 8 blocks of q - 32; lanes 0-3 and 4-7 of a block take its two 16-element scales.
-void unpackQ6K(const uint8_t* b, int8_t* q, float* dv) {
+void unpackQ6K(const uint8_t* b, int8_t* q, float* dv, float* m, int step) {
   const float dd = f16At(b + 208);
   for (int n = 0; n < 2; n++) {
     const uint8_t* ql = b + n * 64;
     const uint8_t* qh = b + 128 + n * 32;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + n * 8);
-    int8_t* o = q + n * 128;
+    int8_t* o0 = q + 32 * step * (4 * n);  // the superblock half's four 32-element blocks
+    int8_t* o1 = o0 + 32 * step;
+    int8_t* o2 = o1 + 32 * step;
+    int8_t* o3 = o2 + 32 * step;
     for (int l = 0; l < 32; l++) {
-      o[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
-      o[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-      o[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-      o[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+      o0[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+      o1[l] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+      o2[l] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+      o3[l] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
     }
-    for (int k = 0; k < 4; k++)
-      for (int l = 0; l < 8; l++) dv[8 * (4 * n + k) + l] = dd * sc[2 * k + l / 4];
+    for (int k = 0; k < 4; k++) {
+      const int blk = (4 * n + k) * step;
+      for (int l = 0; l < 8; l++) dv[8 * blk + l] = dd * sc[2 * k + l / 4];
+      m[blk] = 0.0f;
+    }
   }
 }
 
@@ -221,9 +228,9 @@ void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out)
   const TypeInfo& t = info(d);
   for (int blk = 0; blk < K / t.elems; blk++) {
     const uint8_t* b = src + static_cast<size_t>(blk) * t.bytes;
-    const int first = blk * t.elems / kQBlock;  // first 32-element block it unpacks to
-    int8_t* q = out.q + static_cast<size_t>(first) * kQBlock;
-    float* dv = out.dv + 8 * static_cast<size_t>(first);
+    const size_t first = static_cast<size_t>(blk) * t.elems / kQBlock * out.step;  // first 32-element block it unpacks to
+    int8_t* q = out.q + first * kQBlock;
+    float* dv = out.dv + 8 * first;
     float* m = out.m + first;
     switch (d) {
       case DType::Q8_0:
@@ -243,12 +250,9 @@ void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out)
         *m = one ? f16At(b + 2) : 0.0f;
         break;
       }
-      case DType::Q4_K: unpackK45(b, false, q, dv, m); break;
-      case DType::Q5_K: unpackK45(b, true, q, dv, m); break;
-      case DType::Q6_K:
-        unpackQ6K(b, q, dv);
-        std::fill(m, m + 8, 0.0f);
-        break;
+      case DType::Q4_K: unpackK45(b, false, q, dv, m, out.step); break;
+      case DType::Q5_K: unpackK45(b, true, q, dv, m, out.step); break;
+      case DType::Q6_K: unpackQ6K(b, q, dv, m, out.step); break;
       default: throw std::invalid_argument("not a quantized dtype");
     }
   }

@@ -1,17 +1,22 @@
-// The quantized matmul with 256-bit integer dot products, in the order quant.h
-// fixes (bit-identical to the scalar code). Compiled twice: here for AVX2, where
-// a lane's 4 products are summed by vpmaddubsw + vpmaddwd, and by
-// kernels_quant_vnni.cpp (WEFT_QUANT_VNNI) with one vpdpbusd. Both take the
-// unsigned |w| and the activations with w's sign applied: |w| ≤ 128 and |x| ≤ 127
-// keep vpmaddubsw's 16-bit pair sums from saturating.
+// The quantized matmul with integer dot products, in the order quant.h fixes
+// (bit-identical to the scalar code). Compiled twice: here for AVX2 (256-bit, one
+// panel column per vector; a lane's 4 products summed by vpmaddubsw + vpmaddwd on
+// |w| and x with w's sign, where |w| ≤ 128 and |x| ≤ 127 keep the 16-bit pair sums
+// from saturating), and by kernels_quant_vnni.cpp (WEFT_QUANT_VNNI): 512-bit
+// vpdpbusd, two panel columns per vector (each 256-bit half is one column's 8 lanes,
+// so the order per output is the 256-bit one) on the weights stored as w + 128,
+// the chain started at −128·Σx so that the lane sums stay exact.
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include "quant.h"
 
 #pragma GCC push_options
 #ifdef WEFT_QUANT_VNNI
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+// GCC 12's avx512fintrin.h trips this on its own _mm512_undefined_* placeholders.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define WEFT_QUANT_MATMUL matmulQuantVnni
 #else
 #pragma GCC target("avx2,fma,f16c")
@@ -21,17 +26,6 @@
 namespace weft {
 namespace {
 
-// Lane l (bytes 4l..4l+3) of the result: the exact int32 Σ w·x of those four bytes.
-inline __m256i dot4(__m256i w, __m256i x) {
-  const __m256i aw = _mm256_sign_epi8(w, w);
-  const __m256i sx = _mm256_sign_epi8(x, w);
-#ifdef WEFT_QUANT_VNNI
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-#endif
-}
-
 inline float f16At(const uint8_t* p) {
   return _cvtsh_ss(static_cast<unsigned short>(p[0] | p[1] << 8));
 }
@@ -39,11 +33,25 @@ inline float f16At(const uint8_t* p) {
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void store32(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 
-void unpackQ8_0(const uint8_t* src, int K, const UnpackedRow& r) {
+// The signed weights (Q8_0, Q4_0, Q6_K) as the dot takes them: for vpdpbusd,
+// w + 128 as unsigned bytes; the unsigned ones (the types with a min) as they are.
+inline __m256i signedForDot(__m256i w) {
+#ifdef WEFT_QUANT_VNNI
+  return _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+#else
+  return w;
+#endif
+}
+
+// Block b of an unpacked row (see UnpackedRow's step).
+inline int8_t* blockQ(const UnpackedRow& r, int b) { return r.q + static_cast<size_t>(32) * r.step * b; }
+inline float* blockDv(const UnpackedRow& r, int b) { return r.dv + static_cast<size_t>(8) * r.step * b; }
+
+void unpackQ8_0(const uint8_t* src, int K, UnpackedRow r) {  // r by value: its stores cannot alias it
   for (int b = 0; b < K / 32; b++, src += 34) {
-    store32(r.q + 32 * b, load32(src + 2));
-    _mm256_storeu_ps(r.dv + 8 * b, _mm256_set1_ps(f16At(src)));
-    r.m[b] = 0.0f;
+    store32(blockQ(r, b), signedForDot(load32(src + 2)));
+    _mm256_storeu_ps(blockDv(r, b), _mm256_set1_ps(f16At(src)));
+    r.m[r.step * b] = 0.0f;
   }
 }
 
@@ -60,43 +68,42 @@ void scalesK4(const uint8_t* q, int* sc, int* m) {
   }
 }
 
-void unpackQ4K(const uint8_t* src, int K, const UnpackedRow& r) {
+void unpackQ4K(const uint8_t* src, int K, UnpackedRow r) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int sb = 0; sb < K / 256; sb++, src += 144) {
     const float d = f16At(src), dmin = f16At(src + 2);
     int sc[8], mi[8];
     scalesK4(src + 4, sc, mi);
-    int8_t* q = r.q + 256 * sb;
     for (int j = 0; j < 4; j++) {
       const __m256i v = load32(src + 16 + 32 * j);
-      store32(q + 64 * j, _mm256_and_si256(v, low));
-      store32(q + 64 * j + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+      store32(blockQ(r, 8 * sb + 2 * j), _mm256_and_si256(v, low));
+      store32(blockQ(r, 8 * sb + 2 * j + 1), _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
     }
     for (int j = 0; j < 8; j++) {
-      _mm256_storeu_ps(r.dv + 8 * (8 * sb + j), _mm256_set1_ps(d * sc[j]));
-      r.m[8 * sb + j] = -(dmin * mi[j]);
+      _mm256_storeu_ps(blockDv(r, 8 * sb + j), _mm256_set1_ps(d * sc[j]));
+      r.m[r.step * (8 * sb + j)] = -(dmin * mi[j]);
     }
   }
 }
 
-void unpackQ6K(const uint8_t* src, int K, const UnpackedRow& r) {
+void unpackQ6K(const uint8_t* src, int K, UnpackedRow r) {
   const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
   for (int sb = 0; sb < K / 256; sb++, src += 210) {
     const float d = f16At(src + 208);
     for (int n = 0; n < 2; n++) {
       const __m256i l0 = load32(src + 64 * n), l1 = load32(src + 64 * n + 32), h = load32(src + 128 + 32 * n);
-      int8_t* q = r.q + 256 * sb + 128 * n;
+      const int b0 = 8 * sb + 4 * n;
       const __m256i lo0 = _mm256_and_si256(l0, low), lo1 = _mm256_and_si256(l1, low);
       const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(l0, 4), low), hi1 = _mm256_and_si256(_mm256_srli_epi16(l1, 4), low);
-      store32(q, _mm256_sub_epi8(_mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h, 4), two)), bias));
-      store32(q + 32, _mm256_sub_epi8(_mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h, 2), two)), bias));
-      store32(q + 64, _mm256_sub_epi8(_mm256_or_si256(hi0, _mm256_and_si256(h, two)), bias));
-      store32(q + 96, _mm256_sub_epi8(_mm256_or_si256(hi1, _mm256_and_si256(_mm256_srli_epi16(h, 2), two)), bias));
+      auto put = [&](int k, __m256i v) { store32(blockQ(r, b0 + k), signedForDot(_mm256_sub_epi8(v, bias))); };
+      put(0, _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h, 4), two)));
+      put(1, _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h, 2), two)));
+      put(2, _mm256_or_si256(hi0, _mm256_and_si256(h, two)));
+      put(3, _mm256_or_si256(hi1, _mm256_and_si256(_mm256_srli_epi16(h, 2), two)));
       const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192 + 8 * n);
       for (int k = 0; k < 4; k++) {
-        const int blk = 8 * sb + 4 * n + k;
-        _mm256_storeu_ps(r.dv + 8 * blk, _mm256_set_m128(_mm_set1_ps(d * sc[2 * k + 1]), _mm_set1_ps(d * sc[2 * k])));
-        r.m[blk] = 0.0f;
+        _mm256_storeu_ps(blockDv(r, b0 + k), _mm256_set_m128(_mm_set1_ps(d * sc[2 * k + 1]), _mm_set1_ps(d * sc[2 * k])));
+        r.m[r.step * (b0 + k)] = 0.0f;
       }
     }
   }
@@ -107,7 +114,34 @@ void unpackRow(DType d, const uint8_t* src, int K, const UnpackedRow& r) {
     case DType::Q8_0: unpackQ8_0(src, K, r); return;
     case DType::Q4_K: unpackQ4K(src, K, r); return;
     case DType::Q6_K: unpackQ6K(src, K, r); return;
-    default: unpackRowScalar(d, src, K, r); return;  // same values, portable code
+    default: break;
+  }
+  unpackRowScalar(d, src, K, r);  // same values, portable code
+  if (d != DType::Q4_0) return;
+  for (int b = 0; b < K / kQBlock; b++) store32(blockQ(r, b), signedForDot(load32(blockQ(r, b))));
+}
+
+// kQPanel weight rows, block-major: block b of panel column c at q + 32(4b + c),
+// dv + 8(4b + c), m + 4b + c. Columns past the matrix are zeros.
+struct Panel {
+  int8_t* q;
+  float* dv;
+  float* m;
+};
+
+void unpackPanel(DType d, const uint8_t* src, size_t rowBytes, int K, int cols, const Panel& p) {
+  const int nb = K / kQBlock;
+  for (int c = 0; c < kQPanel; c++) {
+    const UnpackedRow r{p.q + 32 * c, p.dv + 8 * c, p.m + c, kQPanel};
+    if (c < cols) {
+      unpackRow(d, src + rowBytes * c, K, r);
+      continue;
+    }
+    for (int b = 0; b < nb; b++) {
+      std::fill(blockQ(r, b), blockQ(r, b) + 32, int8_t{0});
+      std::fill(blockDv(r, b), blockDv(r, b) + 8, 0.0f);
+      r.m[kQPanel * b] = 0.0f;
+    }
   }
 }
 
@@ -117,37 +151,193 @@ inline float hsum(__m256 acc) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-template <bool Mins>
-float dotRow(const UnpackedRow& r, const QuantActBlock* x, int nb) {
-  __m256 acc = _mm256_setzero_ps();
-  float macc = 0.0f;
-  for (int b = 0; b < nb; b++) {
-    const __m256i p = dot4(load32(r.q + 32 * b), load32(x[b].q));
-    const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(r.dv + 8 * b), _mm256_set1_ps(x[b].d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
-    if (Mins) macc = std::fma(r.m[b], x[b].s, macc);
+#ifdef WEFT_QUANT_VNNI
+// Two panel columns per vector; the activation block broadcast to both halves.
+constexpr int kColsPerVec = 2, kTileRows = 8;
+using VF = __m512;
+using VI = __m512i;
+// Two 256-bit loads, as the panel was written: one 512-bit load of two fresh
+// 256-bit stores would stall on store forwarding.
+inline VI loadW(const int8_t* p) { return _mm512_inserti64x4(_mm512_castsi256_si512(load32(p)), load32(p + 32), 1); }
+inline VF loadDv(const float* p) { return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p)), _mm256_loadu_ps(p + 8), 1); }
+inline VI loadX(const int8_t* q) { return _mm512_broadcast_i64x4(load32(q)); }
+inline VF set1(float v) { return _mm512_set1_ps(v); }
+inline VF zeroF() { return _mm512_setzero_ps(); }
+// −128·Σ4 x per lane: the chain's start for signed weights, which removes their +128.
+inline VI chainStart(VI x) {
+  const VI zero = _mm512_setzero_si512();
+  return _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(static_cast<char>(0x80)), x));
+}
+inline VI dot(VI start, VI w, VI x) { return _mm512_dpbusd_epi32(start, w, x); }
+inline VF cvt(VI p) { return _mm512_cvtepi32_ps(p); }
+inline VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline __m256 half(VF v, int h) { return h ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v); }
+#else
+constexpr int kColsPerVec = 1, kTileRows = 2;
+using VF = __m256;
+using VI = __m256i;
+inline VI loadW(const int8_t* p) { return load32(p); }
+inline VF loadDv(const float* p) { return _mm256_loadu_ps(p); }
+inline VI loadX(const int8_t* q) { return load32(q); }
+inline VF set1(float v) { return _mm256_set1_ps(v); }
+inline VF zeroF() { return _mm256_setzero_ps(); }
+inline VI chainStart(VI) { return _mm256_setzero_si256(); }
+inline VI dot(VI, VI w, VI x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+inline VF cvt(VI p) { return _mm256_cvtepi32_ps(p); }
+inline VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline __m256 half(VF v, int) { return v; }
+#endif
+constexpr int kVecs = kQPanel / kColsPerVec;
+
+// Block b of the panel: vector v's weights (as the dot takes them) and lane scales.
+struct PanelSource {
+  const Panel& p;
+  void block(int b, int v, VI* w, VF* dv) const {
+    *w = loadW(p.q + 32 * (kQPanel * b + kColsPerVec * v));
+    *dv = loadDv(p.dv + 8 * (kQPanel * b + kColsPerVec * v));
   }
-  return hsum(acc) + macc;
+  __m128 mins(int b) const { return _mm_loadu_ps(p.m + kQPanel * b); }
+};
+
+// Q8_0 read in place (34-byte blocks: f16 scale, 32 int8), for steps of at most
+// one row tile, where a panel's unpacking would serve too few rows to pay off.
+// The same values as unpackQ8_0 + unpackPanel give.
+struct Q8Source {
+  const uint8_t* rows;  // the panel's first row
+  size_t rowBytes;
+  int cols;  // rows present (the rest read as row 0 and are not stored)
+  void block(int b, int v, VI* w, VF* dv) const {
+    const int i = kColsPerVec * v;
+    const uint8_t* a = rows + rowBytes * (i < cols ? i : 0) + 34 * static_cast<size_t>(b);
+#ifdef WEFT_QUANT_VNNI
+    const uint8_t* c = rows + rowBytes * (i + 1 < cols ? i + 1 : 0) + 34 * static_cast<size_t>(b);
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(load32(a + 2)), load32(c + 2), 1);
+    *w = _mm512_xor_si512(q, _mm512_set1_epi8(static_cast<char>(0x80)));  // signedForDot
+    *dv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(f16At(a))), _mm256_set1_ps(f16At(c)), 1);
+#else
+    *w = load32(a + 2);
+    *dv = _mm256_set1_ps(f16At(a));
+#endif
+  }
+  __m128 mins(int) const { return _mm_setzero_ps(); }
+};
+
+// y[r, c] for R activation rows (x: row r's blocks at x + r·nb) × the panel's
+// first `cols` columns (y: row stride N). Per output: the lane chains of quant.h,
+// then its tree, plus the min chain (kept per column in one 4-float vector).
+template <int R, bool Mins, typename Source>
+void tile(const Source& p, const QuantActBlock* x, int nb, float* y, int N, int cols) {
+  VF acc[R][kVecs];
+  __m128 macc[R];
+  for (int r = 0; r < R; r++) {
+    for (int v = 0; v < kVecs; v++) acc[r][v] = zeroF();
+    macc[r] = _mm_setzero_ps();
+  }
+  for (int b = 0; b < nb; b++) {
+    VI w[kVecs];
+    VF dv[kVecs];
+    for (int v = 0; v < kVecs; v++) p.block(b, v, &w[v], &dv[v]);
+    const __m128 m = Mins ? p.mins(b) : _mm_setzero_ps();
+    for (int r = 0; r < R; r++) {
+      const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
+      const VI xv = loadX(xb.q);
+      const VI start = Mins ? VI{} : chainStart(xv);  // the types with a min are unsigned
+      const VF xd = set1(xb.d);
+      for (int v = 0; v < kVecs; v++) acc[r][v] = fmadd(cvt(dot(start, w[v], xv)), mul(dv[v], xd), acc[r][v]);
+      if (Mins) macc[r] = _mm_fmadd_ps(m, _mm_set1_ps(xb.s), macc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    float mins[kQPanel];
+    _mm_storeu_ps(mins, macc[r]);
+    for (int c = 0; c < cols; c++) y[static_cast<size_t>(r) * N + c] = hsum(half(acc[r][c / kColsPerVec], c % kColsPerVec)) + mins[c];
+  }
+}
+
+template <bool Mins, typename Source>
+void panelRows(const Source& p, const QuantActBlock* x, int T, int nb, float* y, int N, int cols) {
+  for (int t = 0; t < T; t += kTileRows) {
+    const QuantActBlock* xt = x + static_cast<size_t>(t) * nb;
+    float* yt = y + static_cast<size_t>(t) * N;
+    switch (std::min(kTileRows, T - t)) {
+      case 1: tile<1, Mins, Source>(p, xt, nb, yt, N, cols); break;
+      case 2: tile<2, Mins, Source>(p, xt, nb, yt, N, cols); break;
+#ifdef WEFT_QUANT_VNNI
+      case 3: tile<3, Mins, Source>(p, xt, nb, yt, N, cols); break;
+      case 4: tile<4, Mins, Source>(p, xt, nb, yt, N, cols); break;
+      case 5: tile<5, Mins, Source>(p, xt, nb, yt, N, cols); break;
+      case 6: tile<6, Mins, Source>(p, xt, nb, yt, N, cols); break;
+      case 7: tile<7, Mins, Source>(p, xt, nb, yt, N, cols); break;
+      case 8: tile<8, Mins, Source>(p, xt, nb, yt, N, cols); break;
+#endif
+      default: break;
+    }
+  }
 }
 
 }  // namespace
+
+#ifndef WEFT_QUANT_VNNI
+// quantizeActivations with 8-wide vectors: the same operations per element
+// (roundps to nearest even is nearbyint in the default rounding mode), so the same bits.
+void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
+  const int nb = K / kQBlock;
+  const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+#pragma omp parallel for if (T > 8)
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < nb; b++) {
+      const float* v = x + static_cast<size_t>(t) * K + b * kQBlock;
+      QuantActBlock& o = out[static_cast<size_t>(t) * nb + b];
+      __m256 m = _mm256_setzero_ps();
+      for (int i = 0; i < kQBlock; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(v + i), absMask));
+      const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      const float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+      o.d = amax / 127.0f;
+      const __m256 id = _mm256_set1_ps(o.d != 0.0f ? 1.0f / o.d : 0.0f);
+      __m256i q32[4];
+      for (int i = 0; i < 4; i++) {
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q32[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
+      }
+      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q32[0], q32[1]), _mm256_add_epi32(q32[2], q32[3]));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      const int sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+      // int32 → int16 → int8 packs interleave 128-bit lanes; the permute restores the order.
+      const __m256i p16a = _mm256_packs_epi32(q32[0], q32[1]), p16b = _mm256_packs_epi32(q32[2], q32[3]);
+      const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+      store32(o.q, _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      o.s = o.d * static_cast<float>(sum);
+    }
+}
+#endif
 
 void WEFT_QUANT_MATMUL(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
   const int nb = w.K / kQBlock;
   static thread_local std::vector<int8_t> q;
   static thread_local std::vector<float> dv, m;
-  q.resize(w.K);
-  dv.resize(8 * static_cast<size_t>(nb));
-  m.resize(nb);
-  const UnpackedRow row{q.data(), dv.data(), m.data()};
+  q.resize(static_cast<size_t>(kQPanel) * w.K);
+  dv.resize(static_cast<size_t>(kQPanel) * 8 * nb);
+  m.resize(static_cast<size_t>(kQPanel) * nb);
+  const Panel panel{q.data(), dv.data(), m.data()};
   const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   const bool mins = quantHasMins(w.dtype);
-  for (int n = n0; n < n1; n++) {
-    unpackRow(w.dtype, static_cast<const uint8_t*>(w.data) + rowBytes * n, w.K, row);
-    for (int t = 0; t < T; t++) {
-      const QuantActBlock* xt = x + static_cast<size_t>(t) * nb;
-      y[static_cast<size_t>(t) * w.N + n] = mins ? dotRow<true>(row, xt, nb) : dotRow<false>(row, xt, nb);
+  for (int n = n0; n < n1; n += kQPanel) {
+    const int cols = std::min(kQPanel, n1 - n);
+    const uint8_t* rows = static_cast<const uint8_t*>(w.data) + rowBytes * n;
+    if (w.dtype == DType::Q8_0 && T <= kTileRows) {
+      panelRows<false>(Q8Source{rows, rowBytes, cols}, x, T, nb, y + n, w.N, cols);
+      continue;
     }
+    unpackPanel(w.dtype, rows, rowBytes, w.K, cols, panel);
+    if (mins) panelRows<true>(PanelSource{panel}, x, T, nb, y + n, w.N, cols);
+    else panelRows<false>(PanelSource{panel}, x, T, nb, y + n, w.N, cols);
   }
 }
 

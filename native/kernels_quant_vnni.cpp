@@ -1,4 +1,5 @@
-// The quantized matmul with AVX512-VNNI's vpdpbusd (on 256-bit registers, so its
-// lanes and order are the AVX2 build's): the same source, compiled for VNNI.
+// The quantized matmul with AVX512-VNNI's vpdpbusd on 512-bit registers, two panel
+// columns per register (each half keeps the 256-bit lanes and order): the same
+// source as the AVX2 build, compiled for VNNI.
 #define WEFT_QUANT_VNNI
 #include "kernels_quant_avx2.cpp"

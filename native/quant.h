@@ -4,13 +4,16 @@
 //
 // The matmul never widens a weight to float. Activations are quantized per
 // 32-element block to int8 with one fp32 scale (as llama.cpp's q8_0/q8_1 do).
-// Each weight row is unpacked, one row at a time into L1, to int8 values in
-// 32-element blocks with eight fp32 lane scales and a "min" coefficient;
-// every row of the step is then dotted against that one unpacked row.
+// Weight rows are unpacked into L1 to int8 values in 32-element blocks with
+// eight fp32 lane scales and a "min" coefficient; every row of the step is then
+// dotted against the unpacked rows. Only the integer lane sums may be computed
+// differently (the VNNI set stores signed weights as w + 128 and starts each
+// sum at −128·Σx): they are exact, so every set gives the same bits.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include "kernels.h"
 
 namespace weft {
@@ -24,13 +27,15 @@ struct QuantActBlock {
   int8_t q[kQBlock];
 };
 
-// A weight row unpacked for the dot kernels, K / 32 blocks: block b is
-// w[32b + i] ≈ dv[8b + i / 4] * q[32b + i] + m[b] (the min term only for Q4_1, Q4_K, Q5_K).
-// One lane scale per 4 inputs mirrors the 8 int32 lanes of a 256-bit dot.
+// A weight row unpacked for the dot kernels, K / 32 blocks: with j = step·b, block b is
+// w[32b + i] ≈ dv[8j + i / 4] * q[32j + i] + m[j] (the min term only for Q4_1, Q4_K, Q5_K).
+// One lane scale per 4 inputs mirrors the 8 int32 lanes of a 256-bit dot. `step`
+// interleaves the blocks of several rows (a panel of columns, block-major).
 struct UnpackedRow {
   int8_t* q;
   float* dv;
   float* m;
+  int step = 1;
 };
 
 // The dot product of one unpacked weight row with one row of activation blocks,
@@ -56,12 +61,18 @@ void dequantRow(DType d, const void* data, int cols, int r, float* out);
 
 // Rows of x (T × K, K a multiple of 32) → T × K/32 activation blocks, row by row.
 void quantizeActivations(const float* x, int T, int K, QuantActBlock* out);
+// The same, bit for bit, with AVX2 (for the vector kernel sets).
+void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out);
 
 // Unpacks one weight row `src` (K elements of dtype d, in ggml's block layout)
 // into `out`; the portable code, which the vector sets match bit for bit.
 void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out);
 
-// The quantized matmul of each kernel set (see MatmulQuantFn in kernels.h).
+// The quantized matmul of each kernel set (see MatmulQuantFn in kernels.h). The
+// vector sets unpack kQPanel weight rows at a time into an L1 panel, block-major,
+// and dot a tile of activation rows against all of them in registers, so each
+// unpacked block serves kQPanel × rows dot products; per element the order above holds.
+constexpr int kQPanel = 4;
 void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantVnni(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
@@ -69,6 +80,10 @@ void matmulQuantVnni(const QuantActBlock* x, int T, const PackedMatrix& w, float
 // y[T, w.N] = x[T, w.K] · wᵀ for a block-quantized w: the rows of x quantized
 // per block, then the columns split across threads (defined in matmul.cpp).
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y);
+// Its two halves, so that matrices sharing an input (q/k/v, gate/up) quantize it once:
+// the rows of x (T × K) → `out` (grown as needed), then the matmul on those blocks.
+void quantizeRows(const Kernels& k, const float* x, int T, int K, std::vector<QuantActBlock>& out);
+void matmulQuantizedRows(const Kernels& k, const QuantActBlock* xq, int T, const PackedMatrix& w, float* y);
 
 // Whether this CPU has AVX512-VNNI (vpdpbusd on 256-bit registers).
 bool hasAvx512Vnni();

@@ -90,7 +90,9 @@ function gaussian(n: number, seed: number, scale = 1): Float32Array {
   return new Float32Array(n).map(() => Math.sqrt(-2 * Math.log(rand() + 1e-12)) * Math.cos(2 * Math.PI * rand()) * scale * (rand() < 0.01 ? 8 : 1));
 }
 
-const K = 512, ROWS = 40;  // probe: hidden K, vocabulary = output rows = test activation rows
+// probe: hidden K, vocabulary = output rows = test activation rows; 42 leaves a partial
+// panel of output columns and a partial tile of activation rows in every kernel set.
+const K = 512, ROWS = 42;
 const RMS_EPS = Math.fround(1e-6);
 const QUANT_TYPES: GgmlType[] = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"];
 
