@@ -10,7 +10,8 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { FIXTURES, readReference, readReferenceLogits, tempDir } from "./helpers.js";
+import { FIXTURES, readReference, tempDir } from "./helpers.js";
+import { band, bandError } from "./support/bf16-band.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { ModelRunner, resolveDtype, type RunnerSequence } from "../src/runtime/model-runner.js";
 import { loadNative, type KernelSet } from "../src/runtime/native.js";
@@ -88,39 +89,6 @@ function skipNotice(isa: KernelSet): string | null {
   const notice = `NOTICE: this CPU lacks ${isa} (CPU features ${JSON.stringify(features)}): its bfloat16 path is not tested here`;
   console.log(notice);
   return notice;
-}
-
-function logSoftmax(row: ArrayLike<number>, at: number, V: number): Float64Array {
-  let max = -Infinity;
-  for (let v = 0; v < V; v++) max = Math.max(max, row[at + v]!);
-  let sum = 0;
-  for (let v = 0; v < V; v++) sum += Math.exp(row[at + v]! - max);
-  const out = new Float64Array(V);
-  for (let v = 0; v < V; v++) out[v] = row[at + v]! - max - Math.log(sum);
-  return out;
-}
-
-/** The band's measure: largest |Δ log-prob| over the fp32 reference's top-20 tokens at every stored position. */
-function bandError(model: string, logitsOf: (prompt: number) => Float32Array): number {
-  const ref = readReferenceLogits(model);
-  const V = loadCheckpoint(path.join(FIXTURES, model)).config.vocab;
-  let worst = 0;
-  readReference(model).forEach((_, i) => {
-    const expected = ref.get(`logits_${i}`)!.data as Float32Array;
-    const positions = ref.get(`positions_${i}`)!.data as BigInt64Array;
-    const got = logitsOf(i);
-    positions.forEach((p, j) => {
-      const want = logSoftmax(expected, j * V, V), have = logSoftmax(got, Number(p) * V, V);
-      const top = [...want.keys()].sort((a, b) => want[b]! - want[a]!).slice(0, 20);
-      for (const v of top) worst = Math.max(worst, Math.abs(have[v]! - want[v]!));
-    });
-  });
-  return worst;
-}
-
-function band(model: string): { cpu: number; cuda: number } {
-  const ref = JSON.parse(fs.readFileSync(path.join(FIXTURES, model, "reference.json"), "utf8")) as { bf16_band: { cpu: number; cuda: number } };
-  return ref.bf16_band;
 }
 
 for (const isa of ALL) {

@@ -3,7 +3,7 @@
  * the event loop, and hands back what each sequence sampled. The ground floor:
  * it takes plain data and imports nothing from engine/ or model/.
  */
-import { loadNative, type ComputeDtype, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
+import { loadNative, type ComputeDtype, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeModelSpec, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
 import { ropeInvFreq, type RopeScaling } from "./rope.js";
 
 /** The sampling settings the kernel reads (an engine's request params carry more). */
@@ -25,16 +25,8 @@ export interface RunnerSampling {
   logitBias?: readonly (readonly [number, number])[];
 }
 
-/** A model's shape, as the runner needs it. */
-export interface RunnerModelConfig {
-  hidden: number;
-  intermediate: number;
-  layers: number;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
-  vocab: number;
-  rmsEps: number;
+/** A model's shape, as the runner needs it: the native spec's dimensions, and rope as the config states it. */
+export interface RunnerModelConfig extends Pick<NativeModelSpec, "hidden" | "intermediate" | "layers" | "heads" | "kvHeads" | "headDim" | "vocab" | "rmsEps"> {
   ropeTheta: number;
   ropeScaling: RopeScaling;
 }
