@@ -37,3 +37,13 @@ export function band(model: string): { cpu: number; cuda: number } {
   const ref = JSON.parse(fs.readFileSync(path.join(FIXTURES, model, "reference.json"), "utf8")) as { bf16_band: { cpu: number; cuda: number } };
   return ref.bf16_band;
 }
+
+/** Two log-probs each off by up to the band: a greedy choice closer than this is a near-tie. */
+export function tieGap(model: string): number {
+  const b = band(model);
+  return 2 * Math.max(b.cpu, b.cuda);
+}
+
+export function argmax(l: Float32Array): number {
+  return l.reduce((best, v, j) => (v > l[best]! ? j : best), 0);
+}
