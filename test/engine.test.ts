@@ -325,6 +325,33 @@ test("fair share weighs tokens: a tenant served much waits behind one served lit
   assert.deepEqual(order.slice(1, 5), ["big0", "small0", "small1", "small2"], "after big's first turn, small's are all cheaper than big's next");
 });
 
+test("a step that computes a better-priority request's first token leaves out the worse rows it runs before; aged rows stay", () => {
+  const clock = { t: 0 };
+  const s = new Scheduler({ ...CONFIG, maxNumSeqs: 8, maxNumBatchedTokens: 1000 }, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => clock.t);
+  let seq = 0;
+  const add = (id: string, p: Priority): Request => {
+    const r = new Request(id, [1, 2, 3], greedy(50), p, "t", "t", clock.t, seq++);
+    s.add(r);
+    return r;
+  };
+  const run = (): string[] => {
+    const out = s.schedule();
+    s.update(out, out.map((x) => (x.sample ? 7 : null)));
+    return out.map((x) => x.request.id).sort();
+  };
+  add("aged", Priority.LOW); // arrives 20 s before the NORMAL request: at 0.1/s it is ahead in aging order
+  run();
+  clock.t = 20;
+  add("low", Priority.LOW);
+  run();
+  assert.deepEqual(run(), ["aged", "low"], "both LOW rows decode together");
+  add("normal", Priority.NORMAL);
+  assert.deepEqual(run(), ["aged", "normal"], "the NORMAL first token's step leaves out the LOW row it runs before");
+  assert.deepEqual(run(), ["aged", "low", "normal"], "after its first token every row runs again");
+  add("low2", Priority.LOW);
+  assert.deepEqual(run(), ["aged", "low", "low2", "normal"], "a first token of the worst priority defers nobody");
+});
+
 test("a full batch yields a slot to a waiting request of better priority; the preempted one completes later, unchanged", async () => {
   const runner = new FakeRunner();
   const engine = makeEngine(runner, { maxNumSeqs: 2 });

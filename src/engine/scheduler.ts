@@ -4,7 +4,9 @@
  * Running requests go first (one token each, or their next prefill chunk);
  * then waiting requests by effective priority while budget and blocks allow;
  * a full batch yields a slot to a waiting request of better base priority
- * that is also ahead in aging order.
+ * that is also ahead in aging order; and a step that computes such a
+ * request's first token leaves out the rows it runs before, so that token
+ * comes from a short step.
  */
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
 import type { EngineConfig, ModelLimits } from "./engine-config.js";
@@ -89,7 +91,23 @@ export class Scheduler {
       out.push({ request: r, numTokens: n, sample: cached.numTokens + n === r.numTokens });
       budget -= n;
     }
-    return out;
+    return this.deferBehindFirstTokens(out);
+  }
+
+  /**
+   * A step that computes a request's first token leaves out every row of worse
+   * base priority that the request runs before in aging order: batch rows would
+   * make that step several times longer on a CPU (a 32-row decode step against
+   * one short prefill), and TTFT is what interactive users feel. The rows left
+   * out keep their blocks and run at the next step; aging bounds how long a row
+   * can be left out, since an old enough request is ahead of any newcomer.
+   */
+  private deferBehindFirstTokens(out: ScheduledRequest[]): ScheduledRequest[] {
+    const firsts = out.filter((s) => s.request.outputTokenIds.length === 0).map((s) => s.request);
+    if (firsts.length === 0) return out;
+    const rate = this.config.agingRate;
+    const deferred = (r: Request): boolean => firsts.some((f) => f.priority < r.priority && runsBefore(f, r, rate));
+    return out.filter((s) => !deferred(s.request));
   }
 
   /**
