@@ -11,7 +11,10 @@ namespace {
 // each cached key block is fetched once per tile (and each value row once per
 // three queries). Keys are stored
 // dimension-major within a block, so a query's scores against a block's keys
-// are vector lanes: no horizontal sums. Every query goes through the same
+// are vector lanes: no horizontal sums. A block holds each head's keys, and each
+// head's values, in one contiguous run: a job reads two sequential streams per
+// block, which the hardware prefetcher follows (rows strided by all heads were
+// latency-bound). Every query goes through the same
 // operations whatever else is in its group or its batch — scores lane by lane,
 // a softmax over its own context, values accumulated in key order — so
 // results do not depend on the batch or on how a prompt was chunked.
@@ -40,7 +43,6 @@ template <class E>
 void attend(const Kernels& k, const AttentionArgs& a) {
   const int group = a.heads / a.kvHeads;
   const int bs = a.blockSize;
-  const size_t vRow = static_cast<size_t>(a.kvHeads) * a.hd;
   const int jobs = a.numSeqs * a.kvHeads;
   const E* kCache = static_cast<const E*>(a.kCache);
   const E* vCache = static_cast<const E*>(a.vCache);
@@ -90,7 +92,7 @@ void attend(const Kernels& k, const AttentionArgs& a) {
         }
         if (vrows.size() < static_cast<size_t>(maxCtx)) vrows.resize(maxCtx);
         for (int j = 0; j < maxCtx; j++)
-          vrows[j] = vCache + (static_cast<size_t>(table[j / bs]) * bs + j % bs) * vRow + static_cast<size_t>(kvh) * a.hd;
+          vrows[j] = vCache + ((static_cast<size_t>(table[j / bs]) * a.kvHeads + kvh) * bs + j % bs) * a.hd;
         for (int i = 0; i < nq; i += 3) {  // values: three queries share each loaded V row
           const int m = std::min(3, nq - i);
           const float* ps[3];

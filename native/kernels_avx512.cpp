@@ -193,25 +193,45 @@ inline __m512 loadKv(const KvElem<D>* p, __mmask16 m) {
   }
 }
 
-// NQ queries' outputs over keys [j0, j1), accumulators in registers; `acc` starts from outs.
-template <DType D, int NQ>
-inline void weightedSumRange(const float* const* ps, const KvElem<D>* const* vrows, int j0, int j1, int d0, const __mmask16* mk,
+// NQ queries' outputs over keys [j0, j1) for NV 16-float vectors of dimensions from d0, the
+// accumulators in registers (NV and NQ are template arguments so none spills); `acc` starts
+// from outs unless fresh. The last vector's mask covers a head size that is not a multiple of 16.
+template <DType D, int NQ, int NV>
+inline void weightedSumRange(const float* const* ps, const KvElem<D>* const* vrows, int j0, int j1, int d0, __mmask16 last,
                              float* const* outs, bool fresh) {
-  __m512 acc[NQ][8];
+  __m512 acc[NQ][NV];
+  const auto mask = [last](int c) -> __mmask16 { return c == NV - 1 ? last : 0xFFFF; };
   for (int q = 0; q < NQ; q++)
-    for (int c = 0; c < 8; c++) acc[q][c] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[c], outs[q] + d0 + 16 * c);
+    for (int c = 0; c < NV; c++) acc[q][c] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask(c), outs[q] + d0 + 16 * c);
   for (int j = j0; j < j1; j++) {
     const KvElem<D>* v = vrows[j] + d0;
     __m512 p[NQ];
     for (int q = 0; q < NQ; q++) p[q] = _mm512_set1_ps(ps[q][j]);
-    for (int c = 0; c < 8; c++) {
-      if (!mk[c]) break;
-      const __m512 vc = loadKv<D>(v + 16 * c, mk[c]);
+    for (int c = 0; c < NV; c++) {
+      const __m512 vc = loadKv<D>(v + 16 * c, mask(c));
       for (int q = 0; q < NQ; q++) acc[q][c] = _mm512_fmadd_ps(p[q], vc, acc[q][c]);
     }
   }
   for (int q = 0; q < NQ; q++)
-    for (int c = 0; c < 8 && mk[c]; c++) _mm512_mask_storeu_ps(outs[q] + d0 + 16 * c, mk[c], acc[q][c]);
+    for (int c = 0; c < NV; c++) _mm512_mask_storeu_ps(outs[q] + d0 + 16 * c, mask(c), acc[q][c]);
+}
+
+// One run of at most 128 dimensions: its vector count picks the instance.
+template <DType D, int NQ>
+void weightedSumRun(const float* const* ps, const KvElem<D>* const* vrows, int j0, int j1, int d0, int dims, float* const* outs,
+                    bool fresh) {
+  const int nv = (dims + 15) / 16;
+  const __mmask16 last = dims % 16 ? static_cast<__mmask16>((1u << (dims % 16)) - 1) : 0xFFFF;
+  switch (nv) {
+    case 8: return weightedSumRange<D, NQ, 8>(ps, vrows, j0, j1, d0, last, outs, fresh);
+    case 7: return weightedSumRange<D, NQ, 7>(ps, vrows, j0, j1, d0, last, outs, fresh);
+    case 6: return weightedSumRange<D, NQ, 6>(ps, vrows, j0, j1, d0, last, outs, fresh);
+    case 5: return weightedSumRange<D, NQ, 5>(ps, vrows, j0, j1, d0, last, outs, fresh);
+    case 4: return weightedSumRange<D, NQ, 4>(ps, vrows, j0, j1, d0, last, outs, fresh);
+    case 3: return weightedSumRange<D, NQ, 3>(ps, vrows, j0, j1, d0, last, outs, fresh);
+    case 2: return weightedSumRange<D, NQ, 2>(ps, vrows, j0, j1, d0, last, outs, fresh);
+    default: return weightedSumRange<D, NQ, 1>(ps, vrows, j0, j1, d0, last, outs, fresh);
+  }
 }
 
 // Keys every query has are done for all at once (registers shared); each query then finishes its
@@ -220,34 +240,43 @@ template <DType D>
 void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvElem<D>* const* vrows, int hd, float* const* outs) {
   int common = ns[0];
   for (int q = 1; q < nq; q++) common = ns[q] < common ? ns[q] : common;
-  for (int d0 = 0; d0 < hd; d0 += 128) {  // 8 vectors of output per query stay in registers
-    __mmask16 mk[8];
-    for (int c = 0; c < 8; c++) {
-      const int left = hd - d0 - 16 * c;
-      mk[c] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
-    }
+  for (int d0 = 0; d0 < hd; d0 += 128) {  // up to 8 vectors of output per query stay in registers
+    const int dims = hd - d0 < 128 ? hd - d0 : 128;
     switch (nq) {
-      case 3: weightedSumRange<D, 3>(ps, vrows, 0, common, d0, mk, outs, true); break;
-      case 2: weightedSumRange<D, 2>(ps, vrows, 0, common, d0, mk, outs, true); break;
-      default: weightedSumRange<D, 1>(ps, vrows, 0, common, d0, mk, outs, true); break;
+      case 3: weightedSumRun<D, 3>(ps, vrows, 0, common, d0, dims, outs, true); break;
+      case 2: weightedSumRun<D, 2>(ps, vrows, 0, common, d0, dims, outs, true); break;
+      default: weightedSumRun<D, 1>(ps, vrows, 0, common, d0, dims, outs, true); break;
     }
     for (int q = 0; q < nq; q++)
-      if (ns[q] > common) weightedSumRange<D, 1>(ps + q, vrows, common, ns[q], d0, mk, outs + q, false);
+      if (ns[q] > common) weightedSumRun<D, 1>(ps + q, vrows, common, ns[q], d0, dims, outs + q, false);
   }
 }
 
+// Two 16-key vectors per dimension (a 32-key block's whole row of a dimension), so each query
+// runs two independent FMA chains; a score still sums its dimensions in order.
 template <DType D, int NQ>
 void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
   const __m512 sv = _mm512_set1_ps(scale);
-  for (int j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-    __m512 acc[NQ];
-    for (int q = 0; q < NQ; q++) acc[q] = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += 32) {
+    const auto maskAt = [n](int from) -> __mmask16 {
+      return n - from >= 16 ? 0xFFFF : n - from <= 0 ? 0 : static_cast<__mmask16>((1u << (n - from)) - 1);
+    };
+    const __mmask16 m0 = maskAt(j), m1 = maskAt(j + 16);
+    __m512 acc0[NQ], acc1[NQ];
+    for (int q = 0; q < NQ; q++) acc0[q] = acc1[q] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
-      const __m512 k = loadKv<D>(kt + static_cast<size_t>(d) * stride + j, m);
-      for (int q = 0; q < NQ; q++) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(qs[q][d]), k, acc[q]);
+      const KvElem<D>* row = kt + static_cast<size_t>(d) * stride + j;
+      const __m512 k0 = loadKv<D>(row, m0), k1 = loadKv<D>(row + 16, m1);
+      for (int q = 0; q < NQ; q++) {
+        const __m512 qd = _mm512_set1_ps(qs[q][d]);
+        acc0[q] = _mm512_fmadd_ps(qd, k0, acc0[q]);
+        acc1[q] = _mm512_fmadd_ps(qd, k1, acc1[q]);
+      }
     }
-    for (int q = 0; q < NQ; q++) _mm512_mask_storeu_ps(out[q] + j, m, _mm512_mul_ps(acc[q], sv));
+    for (int q = 0; q < NQ; q++) {
+      _mm512_mask_storeu_ps(out[q] + j, m0, _mm512_mul_ps(acc0[q], sv));
+      if (m1) _mm512_mask_storeu_ps(out[q] + j + 16, m1, _mm512_mul_ps(acc1[q], sv));
+    }
   }
 }
 

@@ -225,7 +225,9 @@ void Model::writeKv(int l, const StepInput& in) {
     for (int h = 0; h < cfg_.kvHeads; h++)  // keys dimension-major within the block (see pagedAttention)
       for (int d = 0; d < hd; d++)
         kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = store(kt[static_cast<size_t>(h) * hd + d]);
-    for (int i = 0; i < kvDim; i++) vc[static_cast<size_t>(slot) * kvDim + i] = store(vt[i]);
+    for (int h = 0; h < cfg_.kvHeads; h++)  // a head's values contiguous within the block: one stream per job
+      for (int d = 0; d < hd; d++)
+        vc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * bs + offset) * hd + d] = store(vt[static_cast<size_t>(h) * hd + d]);
   }
 }
 

@@ -100,7 +100,7 @@ class Model {
   std::vector<float> finalNorm_;
   // K/V pools per layer: K as (numBlocks, kvHeads, headDim, blockSize) so a
   // block's keys are vector lanes for the score kernel; V as
-  // (numBlocks, blockSize, kvHeads, headDim) for accumulating along headDim.
+  // (numBlocks, kvHeads, blockSize, headDim) for accumulating along headDim.
   // Elements are cfg_.kvDtype: fp32 (exact), or bf16/f16, rounded to nearest
   // even when written and widened exactly by the attention kernels, which
   // halves the pool's bytes and attention's cache reads. Two mmap'ed regions

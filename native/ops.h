@@ -36,7 +36,7 @@ struct AttentionArgs {
   const float* q;               // (T, heads, hd)
   float* out;                   // (T, heads, hd)
   const void* kCache;           // (numBlocks, kvHeads, hd, blockSize) of this layer: keys dimension-major
-  const void* vCache;           // (numBlocks, blockSize, kvHeads, hd) of this layer
+  const void* vCache;           // (numBlocks, kvHeads, blockSize, hd) of this layer: a head's values contiguous per block
   DType kvDtype;                // element of both pools: F32, or BF16/F16 widened by the kernels
   const int32_t* positions;     // (T)
   const int32_t* seqStarts;     // (B+1) rows of each sequence
