@@ -13,6 +13,9 @@ export interface MachineInfo {
   flags: string[];
 }
 
+/** The cores this process may run on (its CPU affinity, e.g. under `taskset`), which both engines use. */
+export const usableCores = (): number => os.availableParallelism();
+
 export function machineInfo(): MachineInfo {
   let flags: string[] = [];
   try {
@@ -22,7 +25,7 @@ export function machineInfo(): MachineInfo {
     // not Linux
   }
   return {
-    cpu: os.cpus()[0]?.model ?? "unknown", cores: os.cpus().length, memory_gb: Math.round(os.totalmem() / 2 ** 30),
+    cpu: os.cpus()[0]?.model ?? "unknown", cores: usableCores(), memory_gb: Math.round(os.totalmem() / 2 ** 30),
     node: process.version, kernels: loadNative().isa(), flags,
   };
 }

@@ -8,13 +8,12 @@
  * faster of an F16 and a BF16 GGUF.
  */
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { createModel, DEFAULT_ENGINE_CONFIG, kvBytesPerBlock } from "../engine/engine-manager.js";
 import { readModelConfig as checkpointConfig } from "../model/config.js";
 import { exportGguf, type GgufDType } from "../model/gguf-export.js";
 import { makeModel } from "../model/make-model.js";
-import { machineInfo, modelInfo } from "./machine.js";
+import { machineInfo, modelInfo, usableCores } from "./machine.js";
 import { runLevel } from "./offline.js";
 import { attributeStep, summarize, table, type StepTotals } from "./stats.js";
 import { syntheticPrompts } from "./workload.js";
@@ -42,7 +41,7 @@ interface LlamaContextInternals {
 
 async function loadPeer(gguf: string): Promise<{ llama: import("node-llama-cpp").Llama; model: import("node-llama-cpp").LlamaModel }> {
   const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
-  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, maxThreads: os.cpus().length });
+  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, maxThreads: usableCores() });
   const model = await llama.loadModel({ modelPath: gguf, useMmap: false, gpuLayers: 0 });
   return { llama, model };
 }
@@ -55,7 +54,7 @@ async function llamaDecode(gguf: string, prompts: number[][], outputLen: number)
   const n = prompts.length;
   const ctx = await model.createContext({
     // The context size is per sequence here: llama.cpp allocates it for each of the n sequences.
-    sequences: n, contextSize: prompts[0]!.length + outputLen + 8, batchSize: Math.max(512, n), threads: os.cpus().length,
+    sequences: n, contextSize: prompts[0]!.length + outputLen + 8, batchSize: Math.max(512, n), threads: usableCores(),
   });
   const sizes: number[] = [];
   const internals = ctx as unknown as LlamaContextInternals;
@@ -85,7 +84,7 @@ async function llamaDecode(gguf: string, prompts: number[][], outputLen: number)
 
 async function llamaPrefill(gguf: string, prompt: number[]): Promise<number> {
   const { llama, model } = await loadPeer(gguf);
-  const ctx = await model.createContext({ sequences: 1, contextSize: prompt.length + 16, batchSize: prompt.length, threads: os.cpus().length });
+  const ctx = await model.createContext({ sequences: 1, contextSize: prompt.length + 16, batchSize: prompt.length, threads: usableCores() });
   try {
     const it = ctx.getSequence().evaluate(prompt as PeerToken[], { temperature: 0 })[Symbol.asyncIterator]();
     const t0 = performance.now();
