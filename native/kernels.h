@@ -12,6 +12,10 @@
 
 namespace weft {
 
+// Row loops (norms, packing, activations, KV writes) fork threads only above this many rows:
+// below it a fork costs more than the rows. Rows are independent, so the split never changes bits.
+constexpr int kParallelRows = 8;
+
 // F32/F16/BF16, and GGUF's block-quantized types (see quant.h).
 enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13 };
 

@@ -205,7 +205,7 @@ void dequantRow(DType d, const void* data, int cols, int r, float* out) {
 
 void quantizeActivations(const float* x, int T, int K, QuantActBlock* out) {
   const int nb = K / kQBlock;
-#pragma omp parallel for if (T > 8)
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++)
     for (int b = 0; b < nb; b++) {
       const float* v = x + static_cast<size_t>(t) * K + b * kQBlock;

@@ -288,7 +288,7 @@ void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
   const int nb = K / kQBlock;
   const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
-#pragma omp parallel for if (T > 8)
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++)
     for (int b = 0; b < nb; b++) {
       const float* v = x + static_cast<size_t>(t) * K + b * kQBlock;

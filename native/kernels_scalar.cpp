@@ -193,7 +193,7 @@ void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weig
 }
 
 void packActivationsBf16(const float* x, int T, int K, int Kp, uint16_t* out) {
-#pragma omp parallel for if (T > 8)
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * K;
     uint16_t* o = out + static_cast<size_t>(t) * Kp;

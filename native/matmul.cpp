@@ -69,7 +69,7 @@ void matmulQuantizedRows(const Kernels& k, const QuantActBlock* xq, int T, const
 
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out) {
   if (out.size() < static_cast<size_t>(T) * w.Kp) out.resize(static_cast<size_t>(T) * w.Kp);
-#pragma omp parallel for if (T > 8)
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * n;
     float* o = out.data() + static_cast<size_t>(t) * w.Kp;
@@ -82,7 +82,7 @@ void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps,
 }
 
 void rmsnorm(const float* x, const float* weight, float* out, int T, int n, float eps) {
-#pragma omp parallel for if (T > 8)
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * n;
     float* o = out + static_cast<size_t>(t) * n;
@@ -95,6 +95,7 @@ void rmsnorm(const float* x, const float* weight, float* out, int T, int n, floa
 
 void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin) {
   int half = hd / 2;
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++)
     for (int h = 0; h < heads; h++) {
       float* v = x + (static_cast<size_t>(t) * heads + h) * hd;

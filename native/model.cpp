@@ -194,17 +194,25 @@ void Model::layer(int l, const StepInput& in) {
     pagedAttention(k_, a);
   }
   linear(attn_.data(), T, P.wo, {}, tmp_.data());
-  for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
+  addResidual(T);
 
   // MLP block: norm → gate/up → SiLU(gate)·up → down.
   const std::vector<float> none;
   normThenLinear(P.mlpNorm, {{&P.gate, &none, gate_.data()}, {&P.up, &none, up_.data()}}, T);
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {  // row by row: each row's lanes line up the same way in any batch
     const size_t at = static_cast<size_t>(t) * cfg_.intermediate;
     k_.siluMul(gate_.data() + at, up_.data() + at, cfg_.intermediate);
   }
   linear(gate_.data(), T, P.down, {}, tmp_.data());
-  for (size_t i = 0; i < static_cast<size_t>(T) * H; i++) x_[i] += tmp_[i];
+  addResidual(T);
+}
+
+void Model::addResidual(int T) {
+  const int H = cfg_.hidden;
+#pragma omp parallel for if (T > kParallelRows)
+  for (int t = 0; t < T; t++)
+    for (size_t i = static_cast<size_t>(t) * H; i < static_cast<size_t>(t + 1) * H; i++) x_[i] += tmp_[i];
 }
 
 template <class E>
@@ -218,6 +226,7 @@ void Model::writeKv(int l, const StepInput& in) {
     if constexpr (std::is_same_v<E, float>) return x;
     else return kv == DType::F16 ? f32ToF16(x) : f32ToBf16(x);
   };
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
     const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
     const float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
@@ -250,6 +259,7 @@ StepOutput Model::step(const StepInput& in) {
   grow(cos_, static_cast<size_t>(T) * half);
   grow(sin_, static_cast<size_t>(T) * half);
 
+#pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
     w_.embed.rowToF32(in.tokens[t], x_.data() + static_cast<size_t>(t) * H);
     for (int i = 0; i < half; i++) {  // angle in fp32 as transformers computes it; cos/sin rounded once

@@ -80,6 +80,8 @@ class Model {
   };
   void normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T);
   static void addBias(float* y, int T, const std::vector<float>& bias);
+  // x_ += tmp_ over T rows (the residual connection).
+  void addResidual(int T);
 
   // The linear layers repacked for the kernels (see PackedMatrix); norms and
   // biases are read from the mapped files.
