@@ -75,12 +75,14 @@ export async function batchBench(o: BatchBenchOptions): Promise<Phase[]> {
     await new Promise((r) => setTimeout(r, 50));
   }
   const busy = await probe(o, `during a ${o.lines}-line batch`);
-  const counts = (await api(o, `/v1/batches/${id}`)).request_counts as Record<string, number>;
-  await api(o, `/v1/batches/${id}/cancel`, { method: "POST" });
+  const after = await api(o, `/v1/batches/${id}`);
+  const counts = after.request_counts as Record<string, number>;
+  const finished = ["failed", "completed", "cancelled", "expired"].includes(after.status as string);
+  if (!finished) await api(o, `/v1/batches/${id}/cancel`, { method: "POST" });
   const phases = [idle, busy];
   const ratio = busy.ttft_p50_ms / idle.ttft_p50_ms;
   console.log(table(phases as unknown as Record<string, unknown>[], ["phase", "probes", "ttft_p50_ms", "ttft_p90_ms", "ttft_max_ms"]));
-  console.log(`TTFT p50 during the batch / idle: ${ratio.toFixed(2)}× (batch lines completed by the end of the probes: ${counts.completed}/${counts.total}; the batch was then cancelled)`);
+  console.log(`TTFT p50 during the batch / idle: ${ratio.toFixed(2)}× (batch lines completed by the end of the probes: ${counts.completed}/${counts.total}${finished ? "; the batch had finished, so the last probes met an idle engine: use more lines" : "; the batch was then cancelled"})`);
   if (o.json) {
     fs.writeFileSync(o.json, JSON.stringify({
       machine: machineInfo(), base_url: o.baseUrl, model: o.model,
