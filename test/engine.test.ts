@@ -352,6 +352,25 @@ test("a step that computes a better-priority request's first token leaves out th
   assert.deepEqual(run(), ["aged", "low", "low2", "normal"], "a first token of the worst priority defers nobody");
 });
 
+test("LOW-priority prefill is capped per step (--low-priority-prefill-tokens); decode tokens and other tiers are not", () => {
+  const s = new Scheduler({ ...CONFIG, maxNumSeqs: 8, maxNumBatchedTokens: 1000, lowPriorityPrefillTokens: 32 }, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => 0);
+  let seq = 0;
+  const add = (id: string, p: Priority): void => s.add(new Request(id, range(40, 100 * seq), greedy(5), p, "t", "t", 0, seq++)); // no shared prefix
+  const run = (): Record<string, number> => {
+    const out = s.schedule();
+    s.update(out, out.map((x) => (x.sample ? 7 : null)));
+    return Object.fromEntries(out.map((x) => [x.request.id, x.numTokens]));
+  };
+  add("a", Priority.LOW);
+  add("b", Priority.LOW);
+  assert.deepEqual(run(), { a: 32 }, "32 LOW prompt tokens in the first step; b waits");
+  assert.deepEqual(run(), { a: 8, b: 24 }, "a finishes its prompt, b takes the rest of the allowance");
+  assert.deepEqual(run(), { a: 1, b: 16 }, "a decodes uncapped");
+  add("n", Priority.NORMAL);
+  assert.deepEqual(run(), { n: 40 }, "a NORMAL prompt is not capped (its first token's step leaves the LOW rows out)");
+  assert.deepEqual(run(), { a: 1, b: 1, n: 1 });
+});
+
 test("a full batch yields a slot to a waiting request of better priority; the preempted one completes later, unchanged", async () => {
   const runner = new FakeRunner();
   const engine = makeEngine(runner, { maxNumSeqs: 2 });

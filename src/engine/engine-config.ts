@@ -19,6 +19,12 @@ export interface EngineConfig {
    * small model, which bounds how long running streams stall behind a long prompt.
    */
   maxNumBatchedTokens: number;
+  /**
+   * Prompt tokens per step for LOW-priority (batch) requests, all of them together. 32: a
+   * step in flight when interactive work arrives is then about one decode step long, not a
+   * long prefill chunk; decode rows are not capped, so batch throughput barely changes.
+   */
+  lowPriorityPrefillTokens: number;
   enablePrefixCaching: boolean;
   /** Priority gained per second of waiting. */
   agingRate: number;
@@ -48,6 +54,7 @@ export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
   kvCacheMemory: 2 * 1024 ** 3,
   maxNumSeqs: 32,
   maxNumBatchedTokens: 256,
+  lowPriorityPrefillTokens: 32,
   enablePrefixCaching: true,
   agingRate: 0.1,
   fairShare: true,
@@ -84,6 +91,7 @@ export const ENGINE_FLAGS: readonly EngineFlag[] = [
   { key: "kvCacheMemory", flag: "--kv-cache-memory <bytes>", description: "KV cache bytes per model", kind: "int", min: 1 },
   { key: "maxNumSeqs", flag: "--max-num-seqs <n>", description: "sequences per step", kind: "int", min: 1 },
   { key: "maxNumBatchedTokens", flag: "--max-num-batched-tokens <n>", description: "tokens per step", kind: "int", min: 1 },
+  { key: "lowPriorityPrefillTokens", flag: "--low-priority-prefill-tokens <n>", description: "prompt tokens per step for LOW-priority (batch) requests together", kind: "int", min: 1 },
   { key: "enablePrefixCaching", flag: "--no-enable-prefix-caching", description: "turn prefix caching off", kind: "negatable" },
   { key: "agingRate", flag: "--priority-aging-rate <r>", description: "priority gained per second of waiting", kind: "number" },
   { key: "fairShare", flag: "--no-fair-share", description: "turn fair share between tenants of one tier off (first come, first served by aging key)", kind: "negatable" },

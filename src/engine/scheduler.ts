@@ -11,7 +11,7 @@
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
 import type { EngineConfig, ModelLimits } from "./engine-config.js";
 import { RequestQueue, runsBefore } from "./request-queue.js";
-import { Request, RequestStatus, isFinished, type StopReason } from "./request.js";
+import { Priority, Request, RequestStatus, isFinished, type StopReason } from "./request.js";
 
 export interface ScheduledRequest {
   request: Request;
@@ -51,11 +51,13 @@ export class Scheduler {
   schedule(): ScheduledRequest[] {
     const out: ScheduledRequest[] = [];
     let budget = this.config.maxNumBatchedTokens;
+    let lowPrefill = this.config.lowPriorityPrefillTokens;
     let preempted = false;
     for (const r of [...this.running]) {
       if (budget === 0) break;
       if (r.status !== RequestStatus.RUNNING) continue; // preempted earlier in this loop
-      const n = Math.min(r.numTokens - r.numComputedTokens, budget);
+      const n = this.lowPrefillCap(r, Math.min(r.numTokens - r.numComputedTokens, budget), lowPrefill);
+      if (n === 0) continue;
       while (!this.kv.allocateSlots(r, n)) {
         const victim = this.worstRunning();
         this.preempt(victim);
@@ -67,6 +69,7 @@ export class Scheduler {
       if (r.status !== RequestStatus.RUNNING) continue;
       out.push({ request: r, numTokens: n, sample: r.numComputedTokens + n === r.numTokens });
       budget -= n;
+      if (n > 1 && r.priority === Priority.LOW) lowPrefill -= n;
     }
     // After a preemption memory is short: admit nothing new this step.
     while (!preempted && budget > 0) {
@@ -78,8 +81,8 @@ export class Scheduler {
         budget += freed;
       }
       const cached = r.numComputedTokens === 0 ? this.kv.computedBlocks(r) : { blocks: [], numTokens: 0 };
-      const n = Math.min(r.numTokens - cached.numTokens, budget);
-      if (!this.kv.allocateSlots(r, n, cached.blocks)) break;
+      const n = this.lowPrefillCap(r, Math.min(r.numTokens - cached.numTokens, budget), lowPrefill);
+      if (n === 0 || !this.kv.allocateSlots(r, n, cached.blocks)) break;
       if (this.kv.enablePrefixCaching) this.kv.recordLookup(r.numTokens, cached.numTokens);
       if (r.priority > (this.waiting.bestBasePriority() ?? r.priority)) this.counters.agingPromotions++;
       this.waiting.pop();
@@ -90,8 +93,19 @@ export class Scheduler {
       this.running.push(r);
       out.push({ request: r, numTokens: n, sample: cached.numTokens + n === r.numTokens });
       budget -= n;
+      if (n > 1 && r.priority === Priority.LOW) lowPrefill -= n;
     }
     return this.deferBehindFirstTokens(out);
+  }
+
+  /**
+   * A LOW-priority (batch) request's prompt tokens this step, within what is left of the
+   * step's LOW prefill allowance: a long batch prefill would make the step in flight when
+   * interactive work arrives long, and that step's length is what the newcomer waits.
+   * One decode token is never held back.
+   */
+  private lowPrefillCap(r: Request, n: number, left: number): number {
+    return r.priority === Priority.LOW && n > 1 ? Math.min(n, left) : n;
   }
 
   /**
