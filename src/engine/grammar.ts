@@ -16,7 +16,25 @@ export type GrammarSpec =
   | { type: "json_schema"; schema: string }
   | { type: "json_object" }
   | { type: "regex"; pattern: string }
-  | { type: "ebnf"; grammar: string };
+  | { type: "ebnf"; grammar: string }
+  | { type: "composed"; root: GrammarPart };
+
+/**
+ * A grammar composed of parts (XGrammar's structural tags): each part keeps its
+ * own rule names, so JSON schemas can sit side by side. JSON is compact as above.
+ */
+export type GrammarPart =
+  | { type: "json"; schema: string }
+  | { type: "const"; text: string }
+  | { type: "regex"; pattern: string }
+  | { type: "ebnf"; grammar: string }
+  | { type: "sequence"; parts: GrammarPart[] }
+  | { type: "or"; parts: GrammarPart[] }
+  | { type: "tag"; begin: string; content: GrammarPart; end: string }
+  /** One or more tags, `separator` between them; `one`: exactly one. */
+  | { type: "tags"; tags: TagPart[]; separator: string; one: boolean };
+
+export type TagPart = Extract<GrammarPart, { type: "tag" }>;
 
 /** A grammar the compiler refused (an invalid schema or an unsupported feature); the message names the problem. */
 export class GrammarError extends Error {}
@@ -123,8 +141,40 @@ export class GrammarCompiler {
       case "json_object": return compiling("JSON object", () => c.compileJSONSchema('{"type":"object"}', false, -1, [",", ":"], false));
       case "regex": return compiling("invalid regex", () => c.compileStructuralTag({ type: "structural_tag", format: { type: "regex", pattern: spec.pattern } }));
       case "ebnf": return compiling("invalid grammar", () => c.compileGrammar(spec.grammar));
+      case "composed": {
+        const format = await structuralFormat(spec.root);
+        return compiling("invalid grammar", () => c.compileStructuralTag({ type: "structural_tag", format }));
+      }
     }
   }
+}
+
+/** A JSON schema as compact EBNF (the grammar compileJSONSchema makes for json_schema). */
+async function jsonEbnf(schema: string): Promise<string> {
+  const g = await compiling("invalid JSON schema", () => loadXGrammar().Grammar.fromJSONSchema(schema, false, -1, [",", ":"], true));
+  try {
+    return g.toString();
+  } finally {
+    g.dispose();
+  }
+}
+
+/** A part → XGrammar's structural tag format; JSON parts become their compact EBNF (XGrammar's own json_schema part allows any whitespace). */
+async function structuralFormat(p: GrammarPart): Promise<XGrammar.StructuralTagFormat> {
+  switch (p.type) {
+    case "json": return { type: "grammar", grammar: await jsonEbnf(p.schema) };
+    case "const": return { type: "const_string", value: p.text };
+    case "regex": return { type: "regex", pattern: p.pattern };
+    case "ebnf": return { type: "grammar", grammar: p.grammar };
+    case "sequence": return { type: "sequence", elements: await Promise.all(p.parts.map(structuralFormat)) };
+    case "or": return { type: "or", elements: await Promise.all(p.parts.map(structuralFormat)) };
+    case "tag": return tagFormat(p);
+    case "tags": return { type: "tags_with_separator", tags: await Promise.all(p.tags.map(tagFormat)), separator: p.separator, at_least_one: true, stop_after_first: p.one };
+  }
+}
+
+async function tagFormat(p: TagPart): Promise<XGrammar.TagFormat> {
+  return { type: "tag", begin: p.begin, content: await structuralFormat(p.content), end: p.end };
 }
 
 /** A compiled grammar: requests each take a matcher of their own. */
