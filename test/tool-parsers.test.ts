@@ -24,7 +24,7 @@ const calls = (p: ChatAnswer): { name: string; arguments: unknown }[] => p.toolC
  * name with empty arguments; later ones only add arguments. Also returns how many argument
  * pieces came before the end.
  */
-function streamed(s: ChatOutputSpec, text: string, size: number): ChatAnswer & { earlyArgs: number; calls: readonly ToolCall[] } {
+function streamed(s: ChatOutputSpec, text: string, size: number, cut = false): ChatAnswer & { earlyArgs: number; calls: readonly ToolCall[] } {
   const out = new ChatOutput(s);
   const all: ChatAnswer & { earlyArgs: number } = { reasoning: "", content: "", toolCalls: [], earlyArgs: 0 };
   const take = (p: ReturnType<ChatOutput["push"]>, early: boolean): void => {
@@ -44,7 +44,7 @@ function streamed(s: ChatOutputSpec, text: string, size: number): ChatAnswer & {
     }
   };
   for (let i = 0; i < text.length; i += size) take(out.push(text.slice(i, i + size)), true);
-  take(out.finish(), false);
+  take(out.finish(cut), false);
   return { ...all, calls: out.calls };
 }
 
@@ -99,11 +99,16 @@ test("hermes: malformed or cut-off calls stay text, and a call to another functi
     assert.equal(p.toolCalls.length, 0, bad);
     assert.equal(p.content, `Hi ${bad}`, "the model's text is returned as it is");
   }
-  // Cut off (max_tokens): whole, the text as it is; streamed, the call's start has already gone out, as OpenAI streams it.
+  // Cut off by max_tokens, the call read so far is the answer's, unfinished (as OpenAI's are), whole and streamed alike;
+  // the same text ended by the model is malformed: whole, it is content.
   const cut = "Hi <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1";
   assert.deepEqual(ChatOutput.parse(spec(hermes), cut), { reasoning: "", content: cut, toolCalls: [] });
-  const st = streamed(spec(hermes), cut, 3);
-  assert.deepEqual([st.content, st.toolCalls.map((c) => c.function)], ["Hi ", [{ name: "f", arguments: "{\"x\":1" }]]);
+  const whole = ChatOutput.parse(spec(hermes), cut, true);
+  assert.deepEqual([whole.content, whole.toolCalls.map((c) => c.function)], ["Hi ", [{ name: "f", arguments: "{\"x\":1" }]]);
+  for (let size = 1; size <= 7; size++) {
+    const st = streamed(spec(hermes), cut, size, true);
+    assert.deepEqual([st.content, st.toolCalls.map((c) => c.function)], ["Hi ", [{ name: "f", arguments: "{\"x\":1" }]]);
+  }
   const named = parseAll(spec(hermes, false, "other"), QWEN_TWO_CALLS);
   assert.equal(named.toolCalls.length, 0);
   assert.equal(named.content, QWEN_TWO_CALLS);

@@ -6,10 +6,10 @@
  * a call's index, id and name (with empty arguments) once its name is read,
  * then its arguments in pieces as they are written. At the end the region is
  * parsed whole; text that is not a well-formed call list is content.
- * A streamed answer whose calls parse reassembles into exactly the whole one.
- * A call cut off by max_tokens (or malformed after its name) has then already
- * gone out in part when streaming, and stays that unfinished call; the whole
- * answer returns such text as content.
+ * A streamed answer reassembles into exactly the whole one; so a call cut off
+ * by max_tokens is an unfinished call in both (as OpenAI's are). The one
+ * exception is a call malformed after its name (possible only with
+ * tool_choice auto): streamed, its start has gone out; whole, it is content.
  */
 import type { ToolParser } from "./tool-parsers.js";
 import { ThinkSplitter, type ReasoningSplit } from "./reasoning-parser.js";
@@ -107,20 +107,28 @@ class ToolGate {
     return out;
   }
 
-  finish(): { content: string; calls: ToolCall[]; deltas: ToolCallDelta[] } {
+  /** `cut`: max_tokens ended the text, so the calls read so far are the answer's, the last maybe unfinished. */
+  finish(cut: boolean): { content: string; calls: ToolCall[]; deltas: ToolCallDelta[] } {
     const region = this.held;
     this.held = "";
     const parsed = this.inCalls ? this.policy.parser.parse(region) : null;
-    // A call to another function than the one named is not the answer asked for: leave the text as it is.
     const { named } = this.policy;
+    let found = parsed?.calls ?? [];
+    // A call to another function than the one named is not the answer asked for.
     if (!parsed || (named !== null && parsed.calls.some((c) => c.name !== named))) {
-      // What was streamed as calls stays calls (a cut-off one is unfinished); otherwise the text is content as it is.
-      return this.sent.length > 0 ? { content: "", calls: this.sent, deltas: [] } : { content: region, calls: [], deltas: [] };
+      const read = this.inCalls ? this.policy.parser.partial(region) : [];
+      const stop = read.findIndex((c, i) => !this.counts(i, c.name));
+      const counted = stop < 0 ? read : read.slice(0, stop);
+      // Otherwise what was streamed as calls stays calls, and text that never was is content as it is.
+      if (!cut || counted.length === 0) return this.sent.length > 0 ? { content: "", calls: this.sent, deltas: [] } : { content: region, calls: [], deltas: [] };
+      found = counted;
     }
-    const found = this.policy.parallel ? parsed.calls : parsed.calls.slice(0, 1);
+    if (!this.policy.parallel) found = found.slice(0, 1);
     const deltas = found.flatMap((c, i) => this.advance(i, c.name, c.arguments));
     const calls = found.map((c, i): ToolCall => ({ id: this.sent[i]!.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
-    return { content: parsed.text, calls, deltas };
+    // Cut, text after the calls may be the unfinished start of one more: it is no content.
+    const text = parsed?.text ?? "";
+    return { content: cut ? text.slice(0, text.length - this.policy.parser.pending(text)) : text, calls, deltas };
   }
 }
 
@@ -143,12 +151,12 @@ export class ChatOutput {
     return { reasoning: split.reasoning, content: gated.content, toolCalls: gated.deltas };
   }
 
-  /** The rest, at the end of generation. */
-  finish(): ChatPiece {
+  /** The rest, at the end of generation; `cut`: max_tokens ended it. */
+  finish(cut = false): ChatPiece {
     const split = this.think ? this.think.finish() : { reasoning: "", content: "" };
     if (!this.gate) return { ...split, toolCalls: [] };
     const last = this.gate.push(split.content);
-    const end = this.gate.finish();
+    const end = this.gate.finish(cut);
     this.done = end.calls;
     return { reasoning: split.reasoning, content: last.content + end.content, toolCalls: [...last.deltas, ...end.deltas] };
   }
@@ -158,11 +166,11 @@ export class ChatOutput {
     return this.done;
   }
 
-  /** A whole output at once. */
-  static parse(spec: ChatOutputSpec, text: string): ChatAnswer {
+  /** A whole output at once; `cut`: max_tokens ended it. */
+  static parse(spec: ChatOutputSpec, text: string, cut = false): ChatAnswer {
     const out = new ChatOutput(spec, false);
     const first = out.push(text);
-    const rest = out.finish();
+    const rest = out.finish(cut);
     return { reasoning: first.reasoning + rest.reasoning, content: first.content + rest.content, toolCalls: out.done };
   }
 }

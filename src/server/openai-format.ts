@@ -93,9 +93,9 @@ function chatFinishReason(o: RequestOutput, calls: readonly ToolCall[]): string 
 }
 
 /** The assistant message of a whole chat answer; without a parse spec the text is the content. */
-function chatMessage(text: string, spec: ChatOutputSpec | null): { message: Json; calls: ToolCall[] } {
+function chatMessage(text: string, spec: ChatOutputSpec | null, cut: boolean): { message: Json; calls: ToolCall[] } {
   if (!spec) return { message: { role: "assistant", content: text }, calls: [] };
-  const p = ChatOutput.parse(spec, text);
+  const p = ChatOutput.parse(spec, text, cut);
   const message: Json = { role: "assistant", content: p.toolCalls.length > 0 && p.content.trim() === "" ? null : p.content };
   if (spec.reasoning) message.reasoning_content = p.reasoning === "" ? null : p.reasoning;
   if (p.toolCalls.length > 0) message.tool_calls = p.toolCalls;
@@ -110,7 +110,7 @@ export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: Loaded
     const o = outs[i]!;
     const choice: Json = { index: c.index };
     if (r.kind === "chat") {
-      const { message, calls } = chatMessage(o.text, spec);
+      const { message, calls } = chatMessage(o.text, spec, o.finishReason === "length");
       choice.message = message;
       choice.logprobs = r.logprobs !== null ? chatLogprobs(model, o.logprobs, r.logprobs) : null;
       choice.finish_reason = chatFinishReason(o, calls);
@@ -199,7 +199,7 @@ export class ChunkFormatter {
     if (!parser) this.outputs.set(c.index, (parser = new ChatOutput(this.spec)));
     const now = parser.push(o.text);
     if (!o.finished) return { piece: now, calls: [] };
-    const end = parser.finish();
+    const end = parser.finish(o.finishReason === "length");
     return { piece: { reasoning: now.reasoning + end.reasoning, content: now.content + end.content, toolCalls: [...now.toolCalls, ...end.toolCalls] }, calls: parser.calls };
   }
 

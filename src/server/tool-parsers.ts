@@ -322,9 +322,9 @@ export const mistral: ToolParser = {
     return out;
   },
   // The v3 form, which v3 and later templates read: [TOOL_CALLS][{"name": …, "arguments": …}, …].
+  // (XGrammar takes the list as a tag around the calls, not as a sequence ending after them.)
   grammar: (fns, one) => ({
-    type: "sequence",
-    parts: [{ type: "const", text: `${TOOL_CALLS}[` }, { type: "tags", tags: fns.map((f) => callTag(f, "arguments", "", "")), separator: ", ", one }, { type: "const", text: "]" }],
+    type: "tag", begin: `${TOOL_CALLS}[`, content: { type: "tags", tags: fns.map((f) => callTag(f, "arguments", "", "")), separator: ", ", one }, end: "]",
   }),
   // Mistral's templates refuse tool_call_ids that are not 9 alphanumeric characters.
   newId: () => randomBytes(9).toString("base64url").replace(/[^A-Za-z0-9]/g, "0").slice(0, 9),
