@@ -10,6 +10,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
+import { grammarCompiler } from "../src/engine/grammar.js";
 import { TextTokenizer } from "../src/model/tokenizer.js";
 import { DEFAULT_CHAT_SETTINGS } from "../src/server/chat-settings.js";
 import { completeFixtureModel } from "./helpers.js";
@@ -185,6 +186,28 @@ test("without enable_thinking a required call starts at once; with it, one think
   const free = wholeAnswers((await post(s, { ...body, chat_template_kwargs: { enable_thinking: true }, logit_bias: { [open]: 100 } })).json);
   checkCalls("thinking, free to close", free, TOOLS.map((t) => t.function.name), true);
   for (const a of free) if (a.finish === "tool_calls") assert.ok(tok.encode(`<think>${a.reasoning}`, false).length <= THINK_BOUND);
+});
+
+test("a think block the prompt opened: the grammar starts inside it, and closes it at the bound", async () => {
+  const tok = TextTokenizer.fromDir(fixtureModelDir());
+  const c = grammarCompiler(tok, 151936, [tok.tokenId("<|im_end|>")!]);
+  const g = await c.compile({ type: "think_then", maxTokens: 4, opened: true, then: { type: "regex", pattern: "[a-z]+" } });
+  const allowed = (mask: Int32Array, id: number): boolean => ((mask[id >> 5]! >>> (id & 31)) & 1) === 1;
+  const feed = async (m: Awaited<ReturnType<typeof g.matcher>>, text: string): Promise<void> => {
+    for (const id of tok.encode(text, false)) {
+      assert.ok(allowed(await m.nextMask(), id), `${JSON.stringify(tok.decode([id], false))} in ${JSON.stringify(text)}`);
+      assert.ok(m.accept(id));
+    }
+  };
+  const closing = await g.matcher();
+  await feed(closing, "a < b</think>\n\nyes");
+  closing.dispose();
+  const bounded = await g.matcher();
+  await feed(bounded, " one two three four");
+  const mask = await bounded.nextMask();
+  assert.ok(allowed(mask, tok.tokenId("</think>")!) && !allowed(mask, tok.encode(" five", false)[0]!), "at the bound only the closing tag may come");
+  await feed(bounded, "</think>\n\nok");
+  bounded.dispose();
 });
 
 test("response_format with enable_thinking: one bounded think block, then JSON valid against the schema", async () => {

@@ -29,6 +29,8 @@ export type GrammarPart =
   /** `loose`: properties besides the schema's allowed (json_object). */
   | { type: "json"; schema: string; loose?: boolean }
   | { type: "const"; text: string }
+  /** Any text: as a tag's content, any text up to the tag's end. */
+  | { type: "any_text" }
   | { type: "regex"; pattern: string }
   | { type: "ebnf"; grammar: string }
   | { type: "sequence"; parts: GrammarPart[] }
@@ -140,19 +142,17 @@ export class GrammarCompiler {
   /**
    * A think block's bound is kept by the matcher, not the grammar (XGrammar
    * compiles a bounded repetition far too slowly): the thinking grammar has an
-   * unbounded block, and at the bound the matcher moves to the grammar that
-   * closes it.
+   * unbounded block (any text up to its closing tag), and at the bound the
+   * matcher moves to the grammar that closes it.
    */
   private async compileGrammar(spec: GrammarSpec): Promise<Grammar> {
     if (spec.type !== "think_then") return new Grammar(await this.compileNew(spec));
     const then = specPart(spec.then);
-    const block: GrammarPart[] = [{ type: "ebnf", grammar: THINK_BODY }, { type: "const", text: THINK_CLOSE }, then];
-    const thinking: GrammarPart = spec.opened
-      ? { type: "sequence", parts: block }
-      : { type: "or", parts: [{ type: "sequence", parts: [{ type: "const", text: THINK_OPEN }, ...block] }, then] };
+    const block = (begin: string): GrammarPart[] => [{ type: "tag", begin, content: { type: "any_text" }, end: THINK_END }, { type: "const", text: AFTER_THINK }, then];
+    const thinking: GrammarPart = spec.opened ? { type: "sequence", parts: block("") } : { type: "or", parts: [{ type: "sequence", parts: block(THINK_START) }, then] };
     const [withThink, closing] = await Promise.all([
       this.compileNew({ type: "composed", root: thinking }),
-      this.compileNew({ type: "composed", root: { type: "sequence", parts: [{ type: "const", text: THINK_CLOSE }, then] } }),
+      this.compileNew({ type: "composed", root: { type: "sequence", parts: [{ type: "const", text: THINK_END + AFTER_THINK }, then] } }),
     ]);
     return new Grammar(withThink, { maxTokens: spec.maxTokens, opened: spec.opened, closing, tokenText: (id) => this.tokenizer.decode([id], false) });
   }
@@ -172,10 +172,10 @@ export class GrammarCompiler {
   }
 }
 
-const THINK_OPEN = "<think>";
-const THINK_CLOSE = "</think>\n\n";
-/** A think block's text: anything without "</", so the block ends only at its closing tag. */
-const THINK_BODY = 'root ::= ([^<] | "<"+ [^</])*';
+const THINK_START = "<think>";
+const THINK_END = "</think>";
+/** What Qwen3 writes between a think block and its answer. */
+const AFTER_THINK = "\n\n";
 
 /** A spec as a part of a composed grammar. */
 function specPart(spec: Exclude<GrammarSpec, { type: "think_then" }> | GrammarSpec): GrammarPart {
@@ -213,6 +213,7 @@ async function structuralFormat(p: GrammarPart): Promise<XGrammar.StructuralTagF
   switch (p.type) {
     case "json": return { type: "grammar", grammar: await jsonEbnf(p.schema, p.loose !== true) };
     case "const": return { type: "const_string", value: p.text };
+    case "any_text": return { type: "any_text" };
     case "regex": return { type: "regex", pattern: p.pattern };
     case "ebnf": return { type: "grammar", grammar: p.grammar };
     case "sequence": return { type: "sequence", elements: await Promise.all(p.parts.map(structuralFormat)) };
@@ -262,21 +263,21 @@ class ThinkBudget {
   take(id: number): boolean {
     if (this.state === "over") return false;
     this.tokens++;
-    // Only the text that decides the state is kept: the start (is it "<think>"?), then the last character (a "</" begins the close).
+    // Only the text that decides the state is kept: the start (is it "<think>"?), then a tail long enough to hold "</think>".
     this.text += this.bound.tokenText(id);
     if (this.state === "undecided") {
-      if (!this.text.startsWith(THINK_OPEN)) {
-        if (!THINK_OPEN.startsWith(this.text)) this.state = "over";
+      if (!this.text.startsWith(THINK_START)) {
+        if (!THINK_START.startsWith(this.text)) this.state = "over";
         return false;
       }
       this.state = "thinking";
-      this.text = this.text.slice(THINK_OPEN.length);
+      this.text = this.text.slice(THINK_START.length);
     }
-    if (this.text.includes("</")) {
-      this.state = "over"; // the grammar is closing the block itself
+    if (this.text.includes(THINK_END)) {
+      this.state = "over"; // the model closed the block itself
       return false;
     }
-    this.text = this.text.slice(-1);
+    this.text = this.text.slice(-(THINK_END.length - 1));
     if (this.tokens < this.bound.maxTokens) return false;
     this.state = "over";
     return true;
