@@ -83,7 +83,10 @@ export function parseStructuredOutput(body: Json): StructuredOutput | null {
   return rf ?? so;
 }
 
-/** tool_choice "required" or a named function: the answer is one call (several with parallel_tool_calls) whose arguments follow the function's parameters. */
+/**
+ * tool_choice "required": the answer is calls (one without parallel_tool_calls) to the tools;
+ * a named function: one call to it (as vLLM's). Arguments follow the function's parameters.
+ */
 function toolCallOutput(r: ChatRequest, out: ChatOutputSpec | null): StructuredOutput | null {
   const choice = r.toolChoice;
   if (choice !== "required" && typeof choice !== "object") return null;
@@ -93,7 +96,7 @@ function toolCallOutput(r: ChatRequest, out: ChatOutputSpec | null): StructuredO
     .filter((f) => typeof choice !== "object" || f.name === choice.name)
     // No parameters: the function takes none.
     .map((f) => ({ name: String(f.name), parameters: JSON.stringify(f.parameters ?? { type: "object", properties: {} }) }));
-  return { spec: { type: "composed", root: out.tools.parser.grammar(fns, !r.parallelToolCalls) }, param: "tools" };
+  return { spec: { type: "composed", root: out.tools.parser.grammar(fns, typeof choice === "object" || !r.parallelToolCalls) }, param: "tools" };
 }
 
 /**
