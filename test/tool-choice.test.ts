@@ -115,7 +115,7 @@ function checkCalls(label: string, answers: Answer[], allowed: string[], paralle
   for (const a of answers) {
     assert.ok(a.finish === "tool_calls" || a.finish === "length", `${label}: finish_reason ${a.finish}`);
     assert.ok(a.calls.length >= 1 && (parallel || a.calls.length === 1), `${label}: ${a.calls.length} calls: ${JSON.stringify(a)}`);
-    assert.ok(!a.content?.trim(), `${label}: content ${JSON.stringify(a.content)} beside the calls`);
+    assert.equal(a.content, null, `${label}: content beside the calls`);
     const finished = a.finish === "tool_calls" ? a.calls : a.calls.slice(0, -1);
     if (parallel) assert.ok(finished.length >= 1, `${label}: no finished call: ${JSON.stringify(a)}`);
     for (const c of finished) {
@@ -130,7 +130,7 @@ function checkCalls(label: string, answers: Answer[], allowed: string[], paralle
 }
 
 /** The answers without call ids (random per answer). */
-const comparable = (answers: Answer[]): unknown => answers.map((a) => ({ content: a.content?.trim() || null, reasoning: a.reasoning, finish: a.finish, calls: a.calls.map((c) => c.function) }));
+const comparable = (answers: Answer[]): unknown => answers.map((a) => ({ content: a.content, reasoning: a.reasoning, finish: a.finish, calls: a.calls.map((c) => c.function) }));
 
 const CASES = [{ server: "hermes", model: "tiny-qwen3" }, { server: "llama3_json", model: "tiny-llama" }, { server: "mistral", model: "tiny-llama" }];
 const CHOICES: { choice: unknown; allowed: string[] }[] = [

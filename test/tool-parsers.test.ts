@@ -134,8 +134,9 @@ test("plain text with a '<' is not held back forever and is never a call", () =>
 test("Qwen3: reasoning, then a tool call", () => {
   const p = parseAll(spec(hermes, true), QWEN3_THINK_CALL);
   assert.equal(p.reasoning, "\nThe user wants the weather in Paris, so I should call get_weather.\n");
-  assert.equal(p.content, "\n\n");
+  assert.equal(p.content, "", "whitespace before the calls is no content, streamed or not");
   assert.deepEqual(calls(p), [{ name: "get_weather", arguments: { city: "Paris", unit: "celsius" } }]);
+  assert.equal(parseAll(spec(hermes, true), "<think>\nhm\n</think>\n\n").content, "\n\n", "whitespace alone is the content");
 });
 
 test("llama3_json (Llama 3.1 with <|python_tag|>, Llama 3.2 plain, several calls split by ';')", () => {

@@ -55,6 +55,8 @@ export interface ChatAnswer extends ReasoningSplit {
 class ToolGate {
   private held = "";
   private inCalls = false;
+  /** Content other than whitespace has been sent. */
+  private anyText = false;
   /** The calls streamed so far, with the arguments sent. */
   private readonly sent: ToolCall[] = [];
 
@@ -64,16 +66,19 @@ class ToolGate {
     this.held += content;
     if (this.inCalls) return { content: "", deltas: this.stream() };
     const start = this.policy.parser.findStart(this.held);
+    // Whitespace before any text is held: before calls it is no content (the whole answer's is then null).
+    const onlySpace = (t: string): boolean => !this.anyText && t.trim() === "";
     if (start >= 0) {
       this.inCalls = true;
-      const out = this.held.slice(0, start);
+      const before = this.held.slice(0, start);
       this.held = this.held.slice(start);
-      return { content: out, deltas: this.stream() };
+      return { content: onlySpace(before) ? "" : before, deltas: this.stream() };
     }
-    const keep = this.policy.parser.pending(this.held);
-    const out = this.held.slice(0, this.held.length - keep);
-    this.held = this.held.slice(this.held.length - keep);
-    return { content: out, deltas: [] };
+    const ready = this.held.slice(0, this.held.length - this.policy.parser.pending(this.held));
+    if (onlySpace(ready)) return { content: "", deltas: [] };
+    this.anyText = true;
+    this.held = this.held.slice(ready.length);
+    return { content: ready, deltas: [] };
   }
 
   /** Does the policy let the i-th call named `name` count? */
