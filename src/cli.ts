@@ -9,7 +9,7 @@ import { keysCommand } from "./commands/keys.js";
 import { batchesCommand } from "./commands/batches.js";
 import { DEFAULT_DB_PATH } from "./store/database.js";
 import { DEFAULT_HTTP_LIMITS } from "./server/http-limits.js";
-import { REASONING_PARSERS, TOOL_CALL_PARSERS } from "./server/chat-settings.js";
+import { DEFAULT_MAX_THINK_TOKENS, REASONING_PARSERS, TOOL_CALL_PARSERS } from "./server/chat-settings.js";
 import { DEFAULT_ENGINE_CONFIG, ENGINE_FLAGS, engineConfigFromOptions } from "./engine/engine-config.js";
 import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
@@ -123,6 +123,7 @@ const serveCommand = program
   .option("--chat-template <file>", "a Jinja chat template used instead of every model's own")
   .addOption(new Option("--reasoning-parser <name>", "split <think> blocks into reasoning_content: auto (when the chat template thinks), none, or always").choices(REASONING_PARSERS).default("auto"))
   .addOption(new Option("--tool-call-parser <name>", "how tool calls are read from model output: auto (from the chat template) or a family's format").choices(TOOL_CALL_PARSERS).default("auto"))
+  .option("--max-think-tokens <n>", "the most tokens a think block may take before a constrained answer (enable_thinking with a schema or a required tool call)", intArg("--max-think-tokens", 1), DEFAULT_MAX_THINK_TOKENS)
   .option("--data-dir <dir>", "where batch input and output files are kept (default: a files/ folder next to --db)")
   .option("--max-batch-file-bytes <bytes>", "largest file accepted by POST /v1/files", intArg("--max-batch-file-bytes", 1), 200 * 2 ** 20);
 // Engine knobs: one table (src/engine/engine-config.ts) gives the flags and the config object.

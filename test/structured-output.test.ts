@@ -11,6 +11,7 @@ import { Ajv } from "ajv";
 import OpenAI from "openai";
 import { z } from "zod";
 import { zodResponseFormat } from "openai/helpers/zod";
+import { grammarCompiler } from "../src/engine/grammar.js";
 import { completeFixtureModel } from "./helpers.js";
 import { startServer, type TestServer } from "./support/server.js";
 
@@ -219,4 +220,22 @@ test("openai SDK chat.completions.parse with a zod schema", async () => {
     parsed++;
   }
   assert.ok(parsed >= 2, `only ${parsed} of 4 finished`);
+});
+
+test("a length-bounded JSON string admits no control characters (XGrammar 0.1.27 lets them in; JSON forbids them)", async () => {
+  const model = await s.manager.acquire("tiny-llama", "test");
+  const tok = model.tokenizer!;
+  const c = grammarCompiler(tok, model.engine.limits.vocabSize, model.engine.limits.eosTokenIds);
+  const g = await c.compile({ type: "json_schema", schema: JSON.stringify({ type: "object", properties: { s: { type: "string", maxLength: 8 } }, required: ["s"] }) });
+  const m = await g.matcher();
+  // {"s":"a, token by token (sentencepiece would put a space before a whole encoded text).
+  for (const id of ["{", "<0x22>", "s", "<0x22>", ":", "<0x22>", "a"].map((p) => tok.tokenId(p)!)) {
+    await m.nextMask();
+    assert.ok(m.accept(id));
+  }
+  const mask = await m.nextMask();
+  const allowed = (id: number): boolean => ((mask[id >> 5]! >>> (id & 31)) & 1) === 1;
+  assert.ok(allowed(tok.tokenId("b")!), "a letter may follow");
+  for (const byte of ["<0x15>", "<0x09>", "<0x0A>"]) assert.ok(!allowed(tok.tokenId(byte)!), `${byte} may not`);
+  m.dispose();
 });

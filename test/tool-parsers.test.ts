@@ -5,7 +5,7 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { ChatOutput, type ChatOutputSpec, type ChatPiece } from "../src/server/chat-output.js";
+import { ChatOutput, type ChatAnswer, type ChatOutputSpec, type ToolCall } from "../src/server/chat-output.js";
 import { ThinkSplitter } from "../src/server/reasoning-parser.js";
 import { detectToolParser, hermes, llama3Json, mistral, type ToolParser } from "../src/server/tool-parsers.js";
 import { TextTokenizer } from "../src/model/tokenizer.js";
@@ -16,30 +16,51 @@ const spec = (parser: ToolParser | null, reasoning = false, named: string | null
   tools: parser ? { parser, named, parallel } : null,
 });
 
-const calls = (p: ChatPiece): { name: string; arguments: unknown }[] => p.toolCalls.map((c) => ({ name: c.function.name, arguments: JSON.parse(c.function.arguments) }));
+const calls = (p: ChatAnswer): { name: string; arguments: unknown }[] => p.toolCalls.map((c) => ({ name: c.function.name, arguments: JSON.parse(c.function.arguments) }));
 
-/** Pushes `text` in pieces of `size` characters; returns the reassembled answer. */
-function streamed(s: ChatOutputSpec, text: string, size: number): ChatPiece {
+/**
+ * Pushes `text` in pieces of `size` characters and reassembles the answer from the pieces as a
+ * client does, checking OpenAI's delta shape: a call's first delta has its index, id, type and
+ * name with empty arguments; later ones only add arguments. Also returns how many argument
+ * pieces came before the end.
+ */
+function streamed(s: ChatOutputSpec, text: string, size: number, cut = false): ChatAnswer & { earlyArgs: number; calls: readonly ToolCall[] } {
   const out = new ChatOutput(s);
-  const all: ChatPiece = { reasoning: "", content: "", toolCalls: [] };
-  for (let i = 0; i < text.length; i += size) {
-    const p = out.push(text.slice(i, i + size));
-    assert.equal(p.toolCalls.length, 0, "calls come only at the end");
+  const all: ChatAnswer & { earlyArgs: number } = { reasoning: "", content: "", toolCalls: [], earlyArgs: 0 };
+  const take = (p: ReturnType<ChatOutput["push"]>, early: boolean): void => {
     all.reasoning += p.reasoning;
     all.content += p.content;
-  }
-  const end = out.finish();
-  return { reasoning: all.reasoning + end.reasoning, content: all.content + end.content, toolCalls: end.toolCalls };
+    for (const d of p.toolCalls) {
+      const call: ToolCall | undefined = all.toolCalls[d.index];
+      if (!call) {
+        assert.equal(d.index, all.toolCalls.length, "calls open in order");
+        assert.ok(d.id && d.type === "function" && d.function.name && d.function.arguments === "", `opening delta ${JSON.stringify(d)}`);
+        all.toolCalls.push({ id: d.id, type: "function", function: { name: d.function.name, arguments: "" } });
+      } else {
+        assert.ok(d.id === undefined && d.function.name === undefined && d.function.arguments !== "", `argument delta ${JSON.stringify(d)}`);
+        call.function.arguments += d.function.arguments;
+        if (early) all.earlyArgs++;
+      }
+    }
+  };
+  for (let i = 0; i < text.length; i += size) take(out.push(text.slice(i, i + size)), true);
+  take(out.finish(cut), false);
+  return { ...all, calls: out.calls };
 }
 
-/** Whole and streamed (every piece size from 1 to 7) agree; returns the whole answer. */
-function parseAll(s: ChatOutputSpec, text: string): ChatPiece {
+/**
+ * Whole and streamed (every piece size from 1 to 7) agree exactly, call text included; returns the
+ * whole answer. `streamsArgs`: calls written name first have their arguments sent in pieces.
+ */
+function parseAll(s: ChatOutputSpec, text: string, streamsArgs = true): ChatAnswer {
   const whole = ChatOutput.parse(s, text);
   for (let size = 1; size <= 7; size++) {
     const st = streamed(s, text, size);
     assert.equal(st.reasoning, whole.reasoning, `reasoning, pieces of ${size}`);
     assert.equal(st.content, whole.content, `content, pieces of ${size}`);
-    assert.deepEqual(calls(st), calls(whole), `calls, pieces of ${size}`);
+    assert.deepEqual(st.toolCalls.map((c) => c.function), whole.toolCalls.map((c) => c.function), `calls, pieces of ${size}`);
+    assert.deepEqual(st.toolCalls, st.calls, "the streamed calls are the answer's calls, ids included");
+    if (streamsArgs && whole.toolCalls.length > 0 && size < 4) assert.ok(st.earlyArgs > 1, `arguments stream in pieces (${st.earlyArgs}), pieces of ${size}`);
   }
   return whole;
 }
@@ -72,16 +93,35 @@ test("hermes: text before a call is content; a missing closing tag at EOS still 
 });
 
 test("hermes: malformed or cut-off calls stay text, and a call to another function than the named one is not a call", () => {
-  for (const bad of ["<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}", "<tool_call>\n{\"arguments\": {}}\n</tool_call>", "<tool_call>\nnot json\n</tool_call>",
+  for (const bad of ["<tool_call>\n{\"arguments\": {}}\n</tool_call>", "<tool_call>\nnot json\n</tool_call>",
     "<tool_call>\n{\"name\": \"f\", \"arguments\": [1]}\n</tool_call>"]) {
     const p = parseAll(spec(hermes), `Hi ${bad}`);
     assert.equal(p.toolCalls.length, 0, bad);
     assert.equal(p.content, `Hi ${bad}`, "the model's text is returned as it is");
   }
+  // Cut off by max_tokens, the call read so far is the answer's, unfinished (as OpenAI's are), whole and streamed alike;
+  // the same text ended by the model is malformed: whole, it is content.
+  const cut = "Hi <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1";
+  assert.deepEqual(ChatOutput.parse(spec(hermes), cut), { reasoning: "", content: cut, toolCalls: [] });
+  const whole = ChatOutput.parse(spec(hermes), cut, true);
+  assert.deepEqual([whole.content, whole.toolCalls.map((c) => c.function)], ["Hi ", [{ name: "f", arguments: "{\"x\":1" }]]);
+  for (let size = 1; size <= 7; size++) {
+    const st = streamed(spec(hermes), cut, size, true);
+    assert.deepEqual([st.content, st.toolCalls.map((c) => c.function)], ["Hi ", [{ name: "f", arguments: "{\"x\":1" }]]);
+  }
   const named = parseAll(spec(hermes, false, "other"), QWEN_TWO_CALLS);
   assert.equal(named.toolCalls.length, 0);
   assert.equal(named.content, QWEN_TWO_CALLS);
   assert.equal(parseAll(spec(hermes, false, "get_weather"), QWEN3_THINK_CALL.split("</think>\n\n")[1]!).toolCalls.length, 1);
+});
+
+test("arguments are the model's JSON text without whitespace outside strings, streamed and whole alike", () => {
+  const text = "<tool_call>\n{\"name\": \"f\", \"arguments\": { \"x\" : 1.0, \"s\": \"a b\\\" }\" ,\"e\": \"\\u00e9\" }}\n</tool_call>";
+  const p = parseAll(spec(hermes), text);
+  assert.equal(p.toolCalls[0]!.function.arguments, "{\"x\":1.0,\"s\":\"a b\\\" }\",\"e\":\"\\u00e9\"}");
+  assert.deepEqual(JSON.parse(p.toolCalls[0]!.function.arguments), { x: 1, s: "a b\" }", e: "é" });
+  const two = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"get_time\", \"parameters\": {\"tz\": \"CET\"}}";
+  assert.deepEqual(calls(parseAll(spec(llama3Json), two)), [{ name: "get_weather", arguments: { city: "Paris" } }, { name: "get_time", arguments: { tz: "CET" } }]);
 });
 
 test("plain text with a '<' is not held back forever and is never a call", () => {
@@ -94,13 +134,15 @@ test("plain text with a '<' is not held back forever and is never a call", () =>
 test("Qwen3: reasoning, then a tool call", () => {
   const p = parseAll(spec(hermes, true), QWEN3_THINK_CALL);
   assert.equal(p.reasoning, "\nThe user wants the weather in Paris, so I should call get_weather.\n");
-  assert.equal(p.content, "\n\n");
+  assert.equal(p.content, "", "whitespace before the calls is no content, streamed or not");
   assert.deepEqual(calls(p), [{ name: "get_weather", arguments: { city: "Paris", unit: "celsius" } }]);
+  assert.equal(parseAll(spec(hermes, true), "<think>\nhm\n</think>\n\n").content, "\n\n", "whitespace alone is the content");
 });
 
 test("llama3_json (Llama 3.1 with <|python_tag|>, Llama 3.2 plain, several calls split by ';')", () => {
   assert.deepEqual(calls(parseAll(spec(llama3Json), LLAMA31)), [{ name: "get_current_conditions", arguments: { location: "San Francisco, CA", unit: "Fahrenheit" } }]);
-  assert.deepEqual(calls(parseAll(spec(llama3Json), LLAMA32)), [
+  // The first call here has "type" before "name": it and the calls after it are sent whole, at the end.
+  assert.deepEqual(calls(parseAll(spec(llama3Json), LLAMA32, false)), [
     { name: "get_weather", arguments: { city: "Paris" } }, { name: "get_time", arguments: { tz: "Europe/Paris" } }]);
   const prose = parseAll(spec(llama3Json), "The weather is {sunny}.");
   assert.equal(prose.content, "The weather is {sunny}.");

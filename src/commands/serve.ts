@@ -46,6 +46,7 @@ export interface ServeOptions {
   chatTemplate?: string;
   reasoningParser: ReasoningParserName;
   toolCallParser: ChatSettings["toolCallParser"];
+  maxThinkTokens: number;
   /** Every engine knob, from ENGINE_FLAGS. */
   engine: EngineConfig;
 }
@@ -112,6 +113,7 @@ export async function serve(o: ServeOptions): Promise<void> {
       chatTemplate: o.chatTemplate !== undefined ? fs.readFileSync(o.chatTemplate, "utf8") : null,
       reasoningParser: o.reasoningParser,
       toolCallParser: o.toolCallParser,
+      maxThinkTokens: o.maxThinkTokens,
     },
   });
   let stopping = false;

@@ -16,7 +16,30 @@ export type GrammarSpec =
   | { type: "json_schema"; schema: string }
   | { type: "json_object" }
   | { type: "regex"; pattern: string }
-  | { type: "ebnf"; grammar: string };
+  | { type: "ebnf"; grammar: string }
+  | { type: "composed"; root: GrammarPart }
+  /** One think block of at most `maxTokens` tokens (optional; already open when `opened`), then `then`. */
+  | { type: "think_then"; maxTokens: number; opened: boolean; then: GrammarSpec };
+
+/**
+ * A grammar composed of parts (XGrammar's structural tags): each part keeps its
+ * own rule names, so JSON schemas can sit side by side. JSON is compact as above.
+ */
+export type GrammarPart =
+  /** `loose`: properties besides the schema's allowed (json_object). */
+  | { type: "json"; schema: string; loose?: boolean }
+  | { type: "const"; text: string }
+  /** Any text: as a tag's content, any text up to the tag's end. */
+  | { type: "any_text" }
+  | { type: "regex"; pattern: string }
+  | { type: "ebnf"; grammar: string }
+  | { type: "sequence"; parts: GrammarPart[] }
+  | { type: "or"; parts: GrammarPart[] }
+  | { type: "tag"; begin: string; content: GrammarPart; end: string }
+  /** One or more tags, `separator` between them; `one`: exactly one. */
+  | { type: "tags"; tags: TagPart[]; separator: string; one: boolean };
+
+export type TagPart = Extract<GrammarPart, { type: "tag" }>;
 
 /** A grammar the compiler refused (an invalid schema or an unsupported feature); the message names the problem. */
 export class GrammarError extends Error {}
@@ -54,6 +77,7 @@ async function compiling<T>(what: string, f: () => Promise<T>): Promise<T> {
   try {
     return await f();
   } catch (e) {
+    if (e instanceof GrammarError) throw e;
     const why = lastFatal.replace(/^\[FATAL\][^:]*:\d+:\s*/, "").trim() || (e instanceof Error ? e.message : String(e));
     throw new GrammarError(`${what}: ${why}`);
   }
@@ -100,8 +124,7 @@ export class GrammarCompiler {
     const key = JSON.stringify(spec);
     let hit = this.cache.get(key);
     if (!hit) {
-      hit = this.compileNew(spec).then((c) => {
-        const g = new Grammar(c);
+      hit = this.compileGrammar(spec).then((g) => {
         this.compiled.set(key, g);
         return g;
       });
@@ -116,23 +139,148 @@ export class GrammarCompiler {
     return this.compiled.get(JSON.stringify(spec));
   }
 
-  private async compileNew(spec: GrammarSpec): Promise<XGrammar.CompiledGrammar> {
+  /**
+   * A think block's bound is kept by the matcher, not the grammar (XGrammar
+   * compiles a bounded repetition far too slowly): the thinking grammar has an
+   * unbounded block (any text up to its closing tag), and at the bound the
+   * matcher moves to the grammar that closes it.
+   */
+  private async compileGrammar(spec: GrammarSpec): Promise<Grammar> {
+    if (spec.type !== "think_then") return new Grammar(await this.compileNew(spec));
+    const then = specPart(spec.then);
+    const block = (begin: string): GrammarPart[] => [{ type: "tag", begin, content: { type: "any_text" }, end: THINK_END }, { type: "const", text: AFTER_THINK }, then];
+    const thinking: GrammarPart = spec.opened ? { type: "sequence", parts: block("") } : { type: "or", parts: [{ type: "sequence", parts: block(THINK_START) }, then] };
+    const [withThink, closing] = await Promise.all([
+      this.compileNew({ type: "composed", root: thinking }),
+      this.compileNew({ type: "composed", root: { type: "sequence", parts: [{ type: "const", text: THINK_END + AFTER_THINK }, then] } }),
+    ]);
+    return new Grammar(withThink, { maxTokens: spec.maxTokens, opened: spec.opened, closing, tokenText: (id) => this.tokenizer.decode([id], false) });
+  }
+
+  private async compileNew(spec: Exclude<GrammarSpec, { type: "think_then" }>): Promise<XGrammar.CompiledGrammar> {
     const c = await this.build();
     switch (spec.type) {
-      case "json_schema": return compiling("invalid JSON schema", () => c.compileJSONSchema(spec.schema, false, -1, [",", ":"], true));
-      case "json_object": return compiling("JSON object", () => c.compileJSONSchema('{"type":"object"}', false, -1, [",", ":"], false));
+      case "json_schema": return compiling("invalid JSON schema", async () => c.compileGrammar(await jsonEbnf(spec.schema, true)));
+      case "json_object": return compiling("JSON object", async () => c.compileGrammar(await jsonEbnf('{"type":"object"}', false)));
       case "regex": return compiling("invalid regex", () => c.compileStructuralTag({ type: "structural_tag", format: { type: "regex", pattern: spec.pattern } }));
       case "ebnf": return compiling("invalid grammar", () => c.compileGrammar(spec.grammar));
+      case "composed": {
+        const format = await structuralFormat(spec.root);
+        return compiling("invalid grammar", () => c.compileStructuralTag({ type: "structural_tag", format }));
+      }
     }
   }
 }
 
+const THINK_START = "<think>";
+const THINK_END = "</think>";
+/** What Qwen3 writes between a think block and its answer. */
+const AFTER_THINK = "\n\n";
+
+/** A spec as a part of a composed grammar. */
+function specPart(spec: Exclude<GrammarSpec, { type: "think_then" }> | GrammarSpec): GrammarPart {
+  switch (spec.type) {
+    case "json_schema": return { type: "json", schema: spec.schema };
+    case "json_object": return { type: "json", schema: '{"type":"object"}', loose: true };
+    case "regex": return { type: "regex", pattern: spec.pattern };
+    case "ebnf": return { type: "ebnf", grammar: spec.grammar };
+    case "composed": return spec.root;
+    case "think_then": throw new GrammarError("a think block cannot follow a think block");
+  }
+}
+
+/**
+ * XGrammar 0.1.27 writes the characters of a string with minLength or
+ * maxLength as this class, which lets control characters in: JSON forbids them
+ * unescaped, so the output would not parse. The fix excludes them, as its
+ * other strings do.
+ */
+const LOOSE_STRING_CHAR = String.raw`[^\"\\\r\n]`;
+const STRING_CHAR = String.raw`[^\0-\x1f\"\\\r\n]`;
+
+/** A JSON schema as compact EBNF, the grammar of both json_schema and JSON parts. */
+async function jsonEbnf(schema: string, strict: boolean): Promise<string> {
+  const g = await compiling("invalid JSON schema", () => loadXGrammar().Grammar.fromJSONSchema(schema, false, -1, [",", ":"], strict));
+  try {
+    return g.toString().replaceAll(LOOSE_STRING_CHAR, STRING_CHAR);
+  } finally {
+    g.dispose();
+  }
+}
+
+/** A part → XGrammar's structural tag format; JSON parts become their compact EBNF (XGrammar's own json_schema part allows any whitespace). */
+async function structuralFormat(p: GrammarPart): Promise<XGrammar.StructuralTagFormat> {
+  switch (p.type) {
+    case "json": return { type: "grammar", grammar: await jsonEbnf(p.schema, p.loose !== true) };
+    case "const": return { type: "const_string", value: p.text };
+    case "any_text": return { type: "any_text" };
+    case "regex": return { type: "regex", pattern: p.pattern };
+    case "ebnf": return { type: "grammar", grammar: p.grammar };
+    case "sequence": return { type: "sequence", elements: await Promise.all(p.parts.map(structuralFormat)) };
+    case "or": return { type: "or", elements: await Promise.all(p.parts.map(structuralFormat)) };
+    case "tag": return tagFormat(p);
+    case "tags": return { type: "tags_with_separator", tags: await Promise.all(p.tags.map(tagFormat)), separator: p.separator, at_least_one: true, stop_after_first: p.one };
+  }
+}
+
+async function tagFormat(p: TagPart): Promise<XGrammar.TagFormat> {
+  return { type: "tag", begin: p.begin, content: await structuralFormat(p.content), end: p.end };
+}
+
+/** A think block's bound, kept by the matcher: past `maxTokens` tokens an open block is closed by moving to `closing`. */
+interface ThinkBound {
+  maxTokens: number;
+  /** The prompt opened the block: the answer starts inside it. */
+  opened: boolean;
+  /** The grammar from the block's closing tag on. */
+  closing: XGrammar.CompiledGrammar;
+  tokenText(id: number): string;
+}
+
 /** A compiled grammar: requests each take a matcher of their own. */
 export class Grammar {
-  constructor(private readonly compiled: XGrammar.CompiledGrammar) {}
+  constructor(private readonly compiled: XGrammar.CompiledGrammar, private readonly bound?: ThinkBound) {}
 
   async matcher(): Promise<RequestGrammar> {
-    return new RequestGrammar(await loadXGrammar().GrammarMatcher.createGrammarMatcher(this.compiled));
+    const create = loadXGrammar().GrammarMatcher.createGrammarMatcher;
+    if (!this.bound) return new RequestGrammar(await create(this.compiled));
+    const [m, closing] = await Promise.all([create(this.compiled), create(this.bound.closing)]);
+    return new RequestGrammar(m, { budget: new ThinkBudget(this.bound), closing });
+  }
+}
+
+/** Counts a think block's tokens; says when the block must be closed. */
+class ThinkBudget {
+  private state: "undecided" | "thinking" | "over";
+  private text = "";
+  private tokens = 0;
+
+  constructor(private readonly bound: ThinkBound) {
+    this.state = bound.opened ? "thinking" : "undecided";
+  }
+
+  /** Takes an accepted token; true when the block is open at its bound and must now be closed. */
+  take(id: number): boolean {
+    if (this.state === "over") return false;
+    this.tokens++;
+    // Only the text that decides the state is kept: the start (is it "<think>"?), then a tail long enough to hold "</think>".
+    this.text += this.bound.tokenText(id);
+    if (this.state === "undecided") {
+      if (!this.text.startsWith(THINK_START)) {
+        if (!THINK_START.startsWith(this.text)) this.state = "over";
+        return false;
+      }
+      this.state = "thinking";
+      this.text = this.text.slice(THINK_START.length);
+    }
+    if (this.text.includes(THINK_END)) {
+      this.state = "over"; // the model closed the block itself
+      return false;
+    }
+    this.text = this.text.slice(-(THINK_END.length - 1));
+    if (this.tokens < this.bound.maxTokens) return false;
+    this.state = "over";
+    return true;
   }
 }
 
@@ -140,7 +288,8 @@ export class Grammar {
 export class RequestGrammar {
   private disposed = false;
 
-  constructor(private readonly m: XGrammar.GrammarMatcher) {}
+  /** `think`: a think block's budget, and the matcher that takes over to close the block at its bound. */
+  constructor(private m: XGrammar.GrammarMatcher, private think: { budget: ThinkBudget; closing: XGrammar.GrammarMatcher } | null = null) {}
 
   /** The next token's mask: ceil(vocab / 32) words, bit t set = token t allowed. */
   nextMask(): Promise<Int32Array> {
@@ -149,7 +298,13 @@ export class RequestGrammar {
 
   /** False when the grammar does not allow `token` (the mask was not applied). */
   accept(token: number): boolean {
-    return this.m.acceptToken(token);
+    if (!this.m.acceptToken(token)) return false;
+    if (this.think?.budget.take(token)) {
+      this.m.dispose();
+      this.m = this.think.closing;
+      this.think = null;
+    }
+    return true;
   }
 
   /** A stop token has completed the grammar. */
@@ -161,6 +316,7 @@ export class RequestGrammar {
     if (this.disposed) return;
     this.disposed = true;
     this.m.dispose();
+    this.think?.closing.dispose();
   }
 }
 

@@ -22,9 +22,12 @@ export interface ChatSettings {
   reasoningParser: ReasoningParserName;
   /** "auto" (default): the parser the template's tool format calls for. */
   toolCallParser: "auto" | ToolParserName;
+  /** The most tokens a think block before a constrained answer may take; then the grammar closes it (--max-think-tokens). */
+  maxThinkTokens: number;
 }
 
-export const DEFAULT_CHAT_SETTINGS: ChatSettings = { chatTemplate: null, reasoningParser: "auto", toolCallParser: "auto" };
+export const DEFAULT_MAX_THINK_TOKENS = 4096;
+export const DEFAULT_CHAT_SETTINGS: ChatSettings = { chatTemplate: null, reasoningParser: "auto", toolCallParser: "auto", maxThinkTokens: DEFAULT_MAX_THINK_TOKENS };
 
 /** Are tools in play for this request (declared, and tool_choice is not "none")? */
 const usesTools = (r: ChatRequest): boolean => r.tools.length > 0 && r.toolChoice !== "none";

@@ -10,8 +10,8 @@ import { defaultSamplingParams, type SamplingParams } from "../engine/sampling-p
 import { PromptTooLongError } from "../model/prompt-limits.js";
 import { apiError, type ApiError } from "./errors.js";
 import type { ChatRequest, CompletionRequest } from "./request-schema.js";
-import { compileStructured, structuredGrammar } from "./structured-output.js";
-import { DEFAULT_CHAT_SETTINGS, renderOptions, requestToolParser, type ChatSettings } from "./chat-settings.js";
+import { compileStructured, requestConstraint, structuredGrammar, type StructuredOutput } from "./structured-output.js";
+import { DEFAULT_CHAT_SETTINGS, outputSpec, renderOptions, requestToolParser, type ChatSettings } from "./chat-settings.js";
 
 export type GenerationRequest = ChatRequest | CompletionRequest;
 
@@ -62,13 +62,16 @@ export async function encodePrompts(r: GenerationRequest, model: LoadedModel, si
     if (!tok) throw apiError("invalid_request", { param: "model", detail: `model ${model.id} has no tokenizer` });
     if (!tok.hasChatTemplate && chat.chatTemplate === null) throw apiError("invalid_request", { param: "messages", detail: `model ${model.id} has no chat template: use /v1/completions` });
     requestToolParser(r, tok, chat, model.id);
-    await compileStructured(r.structured, model);
+    await compileStructured(r.structured, model); // a bad schema fails before the prompt is rendered
     const options = renderOptions(r, chat);
+    let ids: number[];
     try {
-      return [await model.encoder.encodeChat(r.messages, signal, options)];
+      ids = await model.encoder.encodeChat(r.messages, signal, options);
     } catch (e) {
       throw e instanceof PromptTooLongError ? tooLong(model, e, "messages") : e;
     }
+    await compileStructured(chatConstraint(r, model, ids, chat), model);
+    return [ids];
   }
   await compileStructured(r.structured, model);
   for (const p of r.prompts) {
@@ -81,6 +84,11 @@ export async function encodePrompts(r: GenerationRequest, model: LoadedModel, si
   }));
 }
 
+/** A chat request's constraint: its structured output, or the tool call it requires, after a think block where it may think. */
+function chatConstraint(r: ChatRequest, model: LoadedModel, promptIds: readonly number[], chat: ChatSettings): StructuredOutput | null {
+  return requestConstraint(r, model.tokenizer ? outputSpec(r, model.tokenizer, chat, promptIds, model.id) : null, chat.maxThinkTokens);
+}
+
 /** Adds every (prompt, choice) to the engine, all or none. */
 export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: number[][], ids: { requestId: string; tenant: string; priority: Priority },
   chat: ChatSettings = DEFAULT_CHAT_SETTINGS): Choice[] {
@@ -90,7 +98,7 @@ export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: nu
   if (outside) throw apiError("invalid_request", { param: "logit_bias", detail: `token id ${outside[0]} is outside the vocabulary (0..${vocab - 1})` });
   // A tool-call marker that is a special token (Mistral's [TOOL_CALLS]) must survive detokenizing.
   const keepSpecial = r.kind === "chat" && model.tokenizer !== null && (requestToolParser(r, model.tokenizer, chat, model.id)?.needsSpecialTokens ?? false);
-  const grammar = structuredGrammar(r.structured, model);
+  const grammar = structuredGrammar(r.kind === "chat" ? chatConstraint(r, model, prompts[0]!, chat) : r.structured, model);
   const inputs = prompts.flatMap((promptTokenIds, p) => Array.from({ length: r.n }, (_, i) => {
     const index = p * r.n + i;
     return {

@@ -93,9 +93,9 @@ function chatFinishReason(o: RequestOutput, calls: readonly ToolCall[]): string 
 }
 
 /** The assistant message of a whole chat answer; without a parse spec the text is the content. */
-function chatMessage(text: string, spec: ChatOutputSpec | null): { message: Json; calls: ToolCall[] } {
+function chatMessage(text: string, spec: ChatOutputSpec | null, cut: boolean): { message: Json; calls: ToolCall[] } {
   if (!spec) return { message: { role: "assistant", content: text }, calls: [] };
-  const p: ChatPiece = ChatOutput.parse(spec, text);
+  const p = ChatOutput.parse(spec, text, cut);
   const message: Json = { role: "assistant", content: p.toolCalls.length > 0 && p.content.trim() === "" ? null : p.content };
   if (spec.reasoning) message.reasoning_content = p.reasoning === "" ? null : p.reasoning;
   if (p.toolCalls.length > 0) message.tool_calls = p.toolCalls;
@@ -110,7 +110,7 @@ export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: Loaded
     const o = outs[i]!;
     const choice: Json = { index: c.index };
     if (r.kind === "chat") {
-      const { message, calls } = chatMessage(o.text, spec);
+      const { message, calls } = chatMessage(o.text, spec, o.finishReason === "length");
       choice.message = message;
       choice.logprobs = r.logprobs !== null ? chatLogprobs(model, o.logprobs, r.logprobs) : null;
       choice.finish_reason = chatFinishReason(o, calls);
@@ -169,24 +169,21 @@ export class ChunkFormatter {
   }
 
   /**
-   * Chat: the text split into reasoning and content; at the end, each tool call as
-   * OpenAI streams it (its id and name with empty arguments, then the arguments),
-   * then the finish_reason.
+   * Chat: the text split into reasoning and content, and tool calls as OpenAI
+   * streams them (a call's index, id and name with empty arguments, then its
+   * arguments in pieces), then the finish_reason.
    */
   private chatDeltas(c: Choice, o: RequestOutput): Json[] {
     const r = this.r;
-    const piece = this.piece(c, o);
+    const { piece, calls } = this.piece(c, o);
     const lp = r.logprobs !== null && o.logprobs.length ? chatLogprobs(this.model, o.logprobs, r.logprobs!) : null;
     const delta: Json = {
       ...(piece.reasoning ? { reasoning_content: piece.reasoning } : {}),
       ...(piece.content ? { content: piece.content } : {}),
     };
     const out: Json[] = [];
-    const callChunks = piece.toolCalls.flatMap((call, index) => [
-      { tool_calls: [{ index, id: call.id, type: "function", function: { name: call.function.name, arguments: "" } }] },
-      { tool_calls: [{ index, function: { arguments: call.function.arguments } }] },
-    ]).map((d) => this.chunk([{ index: c.index, delta: d, logprobs: null, finish_reason: null }]));
-    const finishReason = o.finished ? chatFinishReason(o, piece.toolCalls) ?? null : null;
+    const callChunks = piece.toolCalls.map((d) => this.chunk([{ index: c.index, delta: { tool_calls: [d] }, logprobs: null, finish_reason: null }]));
+    const finishReason = o.finished ? chatFinishReason(o, calls) ?? null : null;
     if (Object.keys(delta).length > 0 || lp !== null || (r.returnTokenIds && o.tokenIds.length > 0)) {
       out.push(this.chunk([{ index: c.index, delta, logprobs: lp, finish_reason: null, ...(r.returnTokenIds ? { token_ids: o.tokenIds } : {}) }]));
     }
@@ -195,15 +192,15 @@ export class ChunkFormatter {
     return out;
   }
 
-  /** This output's text through the choice's parser (none: all content). */
-  private piece(c: Choice, o: RequestOutput): ChatPiece {
-    if (!this.spec) return { reasoning: "", content: o.text, toolCalls: [] };
+  /** This output's text through the choice's parser (none: all content); at the end, the answer's calls. */
+  private piece(c: Choice, o: RequestOutput): { piece: ChatPiece; calls: readonly ToolCall[] } {
+    if (!this.spec) return { piece: { reasoning: "", content: o.text, toolCalls: [] }, calls: [] };
     let parser = this.outputs.get(c.index);
     if (!parser) this.outputs.set(c.index, (parser = new ChatOutput(this.spec)));
     const now = parser.push(o.text);
-    if (!o.finished) return now;
-    const end = parser.finish();
-    return { reasoning: now.reasoning + end.reasoning, content: now.content + end.content, toolCalls: end.toolCalls };
+    if (!o.finished) return { piece: now, calls: [] };
+    const end = parser.finish(o.finishReason === "length");
+    return { piece: { reasoning: now.reasoning + end.reasoning, content: now.content + end.content, toolCalls: [...now.toolCalls, ...end.toolCalls] }, calls: parser.calls };
   }
 
   usage(u: UsageTotals): Json {

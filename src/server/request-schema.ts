@@ -282,6 +282,9 @@ export function parseChatRequest(body: Json): ChatRequest {
   const declared = tools(body);
   const fields = common(body, wantLogprobs ? top : null);
   const choice = toolChoice(body, declared);
+  if (fields.structured && (choice === "required" || typeof choice === "object")) {
+    throw invalid("tool_choice", `a required tool call cannot also follow ${fields.structured.param}: give one of them`);
+  }
   const kwargs = present(body, "chat_template_kwargs") ? (body.chat_template_kwargs as Json) : {};
   return {
     kind: "chat", messages, tools: declared, toolChoice: choice, parallelToolCalls: bool(body, "parallel_tool_calls", true),

@@ -1,12 +1,14 @@
 /**
  * Structured outputs: a request's response_format (OpenAI) or
- * structured_outputs (vLLM: json, regex, choice, grammar) → the grammar its
- * output must follow, and one matcher per choice. A grammar XGrammar refuses
- * is a 400 naming the field.
+ * structured_outputs (vLLM: json, regex, choice, grammar), or a tool call that
+ * tool_choice requires → the grammar its output must follow, and one matcher
+ * per choice. A grammar XGrammar refuses is a 400 naming the field.
  */
 import type { LoadedModel } from "../engine/engine-manager.js";
 import { GrammarError, grammarCompiler, type Grammar, type GrammarCompiler, type GrammarSpec } from "../engine/grammar.js";
+import type { ChatOutputSpec } from "./chat-output.js";
 import { invalid } from "./errors.js";
+import type { ChatRequest, CompletionRequest } from "./request-schema.js";
 
 type Json = Record<string, unknown>;
 
@@ -79,6 +81,37 @@ export function parseStructuredOutput(body: Json): StructuredOutput | null {
   const so = body.structured_outputs !== undefined && body.structured_outputs !== null ? structuredOutputs(body.structured_outputs) : null;
   if (rf && so) throw invalid("structured_outputs", "give either response_format or structured_outputs, not both");
   return rf ?? so;
+}
+
+/**
+ * tool_choice "required": the answer is calls (one without parallel_tool_calls) to the tools;
+ * a named function: one call to it (as vLLM's). Arguments follow the function's parameters.
+ */
+function toolCallOutput(r: ChatRequest, out: ChatOutputSpec | null): StructuredOutput | null {
+  const choice = r.toolChoice;
+  if (choice !== "required" && typeof choice !== "object") return null;
+  if (!out?.tools) throw new Error("a required tool call without a tool-call parser"); // requestToolParser refuses such requests first
+  const fns = r.tools
+    .map((t) => t.function as Record<string, unknown>)
+    .filter((f) => typeof choice !== "object" || f.name === choice.name)
+    // No parameters: the function takes none.
+    .map((f) => ({ name: String(f.name), parameters: JSON.stringify(f.parameters ?? { type: "object", properties: {} }) }));
+  return { spec: { type: "composed", root: out.tools.parser.grammar(fns, typeof choice === "object" || !r.parallelToolCalls) }, param: "tools" };
+}
+
+/**
+ * The constraint on a request's output, if any. A chat answer that may think
+ * (the request set chat_template_kwargs.enable_thinking: true on a thinking
+ * template) or must (the prompt opened a think block) gets one think block of
+ * at most `maxThinkTokens` tokens before the constrained part.
+ */
+export function requestConstraint(r: ChatRequest | CompletionRequest, out: ChatOutputSpec | null, maxThinkTokens: number): StructuredOutput | null {
+  if (r.kind === "completion") return r.structured;
+  const base = r.structured ?? toolCallOutput(r, out);
+  if (!base || !out?.reasoning) return base;
+  const opened = out.reasoning.promptOpensThink;
+  if (!opened && r.chatTemplateKwargs.enable_thinking !== true) return base;
+  return { spec: { type: "think_then", maxTokens: maxThinkTokens, opened, then: base.spec }, param: base.param };
 }
 
 function compilerFor(model: LoadedModel, param: string): GrammarCompiler {
