@@ -1,6 +1,9 @@
-// The MLX matmul with AVX-512: a panel of kMlxPanel weight rows dequantized into an
-// fp32 buffer 16 weights at a time, then register tiles of up to 4 activation rows ×
-// the panel's 4 columns, one 16-lane accumulator each (lane = k % 16, see mlx_quant.h).
+// The MLX matmul with AVX-512: register tiles of up to 4 activation rows × a panel of
+// kMlxPanel columns, one 16-lane accumulator each (lane = k % 16, see mlx_quant.h).
+// A step of at most 3 rows dequantizes the weights in registers as it uses them (each
+// weight serves every row at once). A larger step dequantizes the panel a chunk of inputs
+// at a time into an L1 buffer that every row tile then reads; the accumulators of all rows
+// wait in memory between chunks, so each lane still sees k in order: the same bits.
 // GCC 12 reports its own AVX-512 intrinsics headers as reading uninitialised values.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -15,6 +18,9 @@
 namespace weft {
 namespace {
 
+constexpr int kFusedRows = 3;  // steps of up to this many rows dequantize in registers (4 would spill: 8 registers hold the scales and biases)
+constexpr int kChunk = 1024;   // inputs per dequantized chunk: 4 columns × 1024 floats = 16 KiB (measured better than 256)
+
 // q of inputs k .. k+15 of one row's words (k a multiple of 16), as int32 lanes.
 template <int Bits>
 inline __m512i loadQ(const uint8_t* row, int k) {
@@ -28,28 +34,6 @@ inline __m512i loadQ(const uint8_t* row, int k) {
   }
 }
 
-// Weight rows n .. n+3 (rows past N as zeros) dequantized into buf (4 × K, row-major).
-template <int Bits>
-void dequantPanel(const PackedMatrix& w, int n, float* buf) {
-  const size_t rowBytes = static_cast<size_t>(w.K) * Bits / 8;
-  const int groups = w.K / w.group;
-  for (int c = 0; c < kMlxPanel; c++) {
-    float* out = buf + static_cast<size_t>(c) * w.K;
-    if (n + c >= w.N) {
-      std::fill(out, out + w.K, 0.0f);
-      continue;
-    }
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + rowBytes * (n + c);
-    for (int g = 0; g < groups; g++) {
-      const size_t at = static_cast<size_t>(n + c) * groups + g;
-      const __m512 s = _mm512_set1_ps(mlxParam(w.paramDtype, w.scales, at));
-      const __m512 b = _mm512_set1_ps(mlxParam(w.paramDtype, w.biases, at));
-      for (int k = g * w.group; k < (g + 1) * w.group; k += 16)
-        _mm512_storeu_ps(out + k, _mm512_fmadd_ps(_mm512_cvtepi32_ps(loadQ<Bits>(row, k)), s, b));
-    }
-  }
-}
-
 // The 16 lanes of acc reduced in mlx_quant.h's order.
 inline float reduce(__m512 acc) {
   const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
@@ -58,39 +42,111 @@ inline float reduce(__m512 acc) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-// Activation rows t .. t+R-1 against the dequantized panel of columns n .. n+3.
-template <int R>
-void tile(const float* x, int t, const float* buf, const PackedMatrix& w, int n, float* y) {
-  const int K = w.K;
+// Where row n's words start, and its group g's scale and bias (a column past N stands in
+// for the last one: computed, never stored).
+struct Column {
+  const uint8_t* words;
+  size_t params;  // index of group 0's scale and bias
+};
+template <int Bits>
+inline Column column(const PackedMatrix& w, int n) {
+  n = std::min(n, w.N - 1);
+  return {static_cast<const uint8_t*>(w.data) + static_cast<size_t>(n) * w.K * Bits / 8, static_cast<size_t>(n) * (w.K / w.group)};
+}
+
+// All R ≤ 3 rows of the step against columns n .. n+3, dequantizing in registers.
+template <int Bits, int R>
+void fusedTile(const float* x, const PackedMatrix& w, int n, float* y) {
+  const int K = w.K, groups = K / w.group;
+  Column cols[kMlxPanel];
+  for (int c = 0; c < kMlxPanel; c++) cols[c] = column<Bits>(w, n + c);
   __m512 acc[R][kMlxPanel];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < kMlxPanel; c++) acc[r][c] = _mm512_setzero_ps();
-  for (int k = 0; k < K; k += 16) {
-    __m512 wv[kMlxPanel];
-    for (int c = 0; c < kMlxPanel; c++) wv[c] = _mm512_loadu_ps(buf + static_cast<size_t>(c) * K + k);
-    for (int r = 0; r < R; r++) {
-      const __m512 xv = _mm512_loadu_ps(x + static_cast<size_t>(t + r) * K + k);
-      for (int c = 0; c < kMlxPanel; c++) acc[r][c] = _mm512_fmadd_ps(wv[c], xv, acc[r][c]);
+  for (int g = 0; g < groups; g++) {
+    __m512 s[kMlxPanel], b[kMlxPanel];
+    for (int c = 0; c < kMlxPanel; c++) {
+      s[c] = _mm512_set1_ps(mlxParam(w.paramDtype, w.scales, cols[c].params + g));
+      b[c] = _mm512_set1_ps(mlxParam(w.paramDtype, w.biases, cols[c].params + g));
+    }
+    for (int k = g * w.group; k < (g + 1) * w.group; k += 16) {
+      __m512 wv[kMlxPanel];
+      for (int c = 0; c < kMlxPanel; c++) wv[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(loadQ<Bits>(cols[c].words, k)), s[c], b[c]);
+      for (int r = 0; r < R; r++) {
+        const __m512 xv = _mm512_loadu_ps(x + static_cast<size_t>(r) * K + k);
+        for (int c = 0; c < kMlxPanel; c++) acc[r][c] = _mm512_fmadd_ps(wv[c], xv, acc[r][c]);
+      }
     }
   }
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < kMlxPanel && n + c < w.N; c++) y[static_cast<size_t>(t + r) * w.N + n + c] = reduce(acc[r][c]);
+    for (int c = 0; c < kMlxPanel && n + c < w.N; c++) y[static_cast<size_t>(r) * w.N + n + c] = reduce(acc[r][c]);
+}
+
+// Inputs [k0, k1) of columns n .. n+3 dequantized into buf (column c at c · kChunk).
+template <int Bits>
+void dequantChunk(const PackedMatrix& w, int n, int k0, int k1, float* buf) {
+  for (int c = 0; c < kMlxPanel; c++) {
+    const Column col = column<Bits>(w, n + c);
+    for (int g = k0 / w.group; g < k1 / w.group; g++) {
+      const __m512 s = _mm512_set1_ps(mlxParam(w.paramDtype, w.scales, col.params + g));
+      const __m512 b = _mm512_set1_ps(mlxParam(w.paramDtype, w.biases, col.params + g));
+      for (int k = g * w.group; k < (g + 1) * w.group; k += 16)
+        _mm512_storeu_ps(buf + c * kChunk + (k - k0), _mm512_fmadd_ps(_mm512_cvtepi32_ps(loadQ<Bits>(col.words, k)), s, b));
+    }
+  }
+}
+
+// Rows t .. t+R-1 over inputs [k0, k1) of the dequantized chunk; their accumulators
+// (R × 4 vectors of 16 floats from `acc`) are loaded before and stored after.
+template <int R>
+void chunkTile(const float* x, int t, int K, const float* buf, int k0, int k1, float* acc) {
+  __m512 a[R][kMlxPanel];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < kMlxPanel; c++) a[r][c] = _mm512_loadu_ps(acc + ((t + r) * kMlxPanel + c) * 16);
+  for (int k = k0; k < k1; k += 16) {
+    __m512 wv[kMlxPanel];
+    for (int c = 0; c < kMlxPanel; c++) wv[c] = _mm512_loadu_ps(buf + c * kChunk + (k - k0));
+    for (int r = 0; r < R; r++) {
+      const __m512 xv = _mm512_loadu_ps(x + static_cast<size_t>(t + r) * K + k);
+      for (int c = 0; c < kMlxPanel; c++) a[r][c] = _mm512_fmadd_ps(wv[c], xv, a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < kMlxPanel; c++) _mm512_storeu_ps(acc + ((t + r) * kMlxPanel + c) * 16, a[r][c]);
 }
 
 template <int Bits>
 void matmul(const float* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
-  static thread_local std::vector<float> buf;
-  if (buf.size() < static_cast<size_t>(kMlxPanel) * w.K) buf.resize(static_cast<size_t>(kMlxPanel) * w.K);
-  for (int n = n0; n < n1; n += kMlxPanel) {
-    dequantPanel<Bits>(w, n, buf.data());
-    int t = 0;
-    for (; t + 4 <= T; t += 4) tile<4>(x, t, buf.data(), w, n, y);
-    switch (T - t) {
-      case 3: tile<3>(x, t, buf.data(), w, n, y); break;
-      case 2: tile<2>(x, t, buf.data(), w, n, y); break;
-      case 1: tile<1>(x, t, buf.data(), w, n, y); break;
-      default: break;
+  if (T <= kFusedRows) {
+    for (int n = n0; n < n1; n += kMlxPanel) {
+      switch (T) {
+        case 3: fusedTile<Bits, 3>(x, w, n, y); break;
+        case 2: fusedTile<Bits, 2>(x, w, n, y); break;
+        default: fusedTile<Bits, 1>(x, w, n, y); break;
+      }
     }
+    return;
+  }
+  alignas(64) float buf[kMlxPanel * kChunk];
+  static thread_local std::vector<float> acc;  // T × 4 accumulators of 16 lanes, grown to the largest step
+  const size_t accs = static_cast<size_t>(T) * kMlxPanel * 16;
+  if (acc.size() < accs) acc.resize(accs);
+  for (int n = n0; n < n1; n += kMlxPanel) {
+    std::fill(acc.begin(), acc.begin() + accs, 0.0f);
+    for (int k0 = 0; k0 < w.K; k0 += kChunk) {
+      const int k1 = std::min(w.K, k0 + kChunk);  // K and kChunk are multiples of the group
+      dequantChunk<Bits>(w, n, k0, k1, buf);
+      int t = 0;
+      for (; t + 4 <= T; t += 4) chunkTile<4>(x, t, w.K, buf, k0, k1, acc.data());
+      switch (T - t) {
+        case 3: chunkTile<3>(x, t, w.K, buf, k0, k1, acc.data()); break;
+        case 2: chunkTile<2>(x, t, w.K, buf, k0, k1, acc.data()); break;
+        case 1: chunkTile<1>(x, t, w.K, buf, k0, k1, acc.data()); break;
+        default: break;
+      }
+    }
+    for (int t = 0; t < T; t++)
+      for (int c = 0; c < kMlxPanel && n + c < w.N; c++) y[static_cast<size_t>(t) * w.N + n + c] = reduce(_mm512_loadu_ps(acc.data() + (static_cast<size_t>(t) * kMlxPanel + c) * 16));
   }
 }
 

@@ -29,9 +29,13 @@ const BLOCK = 16;
 const blocks = (n: number, offset = 1): number[] => Array.from({ length: Math.ceil(n / BLOCK) }, (_, i) => offset + i * 2);
 const seq = (ids: number[], offset = 1): RunnerSequence => ({ tokenIds: ids, startPosition: 0, blockTable: blocks(ids.length, offset), sample: null, allLogits: true });
 
-// ---- the matmul probe: K inputs, ROWS outputs = activation rows (42: a partial panel of 4 columns and a partial row tile) ----
+// ---- the matmul probe: K inputs, ROWS outputs = activation rows ----
 
-const K = 512, ROWS = 42, RMS_EPS = Math.fround(1e-6);
+// K = 1536: one whole and one partial chunk of the AVX-512 kernel's 1024 dequantized inputs;
+// ROWS = 42: a partial panel of 4 columns and a partial tile of rows in every kernel set.
+const K = 1536, ROWS = 42, RMS_EPS = Math.fround(1e-6);
+/** Steps the probe's tokens are run in: alone, 2 and 3 (dequantized in registers), 5 (a buffered tile and a tail), all at once. */
+const STEP_SIZES = [1, 2, 3, 5, ROWS];
 const SHAPES = [4, 8].flatMap((bits) => [32, 64, 128].map((group) => ({ bits: bits as 4 | 8, group })));
 
 /** Deterministic gaussian-ish values with a few outliers, as weights and activations have. */
@@ -53,14 +57,19 @@ function probe(bits: 4 | 8, group: number, seed: number): Probe {
   const inter = 256;
   const f32 = (name: string, shape: number[], fill = 0): TensorToWrite =>
     ({ name, dtype: "F32", shape, data: bytes(new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(fill)) });
+  // The layer's matrices: 4-bit, every word, scale and bias 0 (exactly zero weights), which keeps the files small.
+  const zeros = (module: string, rows: number, cols: number): TensorToWrite[] => [
+    { name: `${module}.weight`, dtype: "U32", shape: [rows, (cols * bits) / 32], data: new Uint8Array((rows * cols * bits) / 8) },
+    ...["scales", "biases"].map((p): TensorToWrite => ({ name: `${module}.${p}`, dtype: "BF16", shape: [rows, cols / group], data: new Uint8Array((rows * cols * 2) / group) })),
+  ];
   writeSafetensors(path.join(dir, "model.safetensors"), [
     { name: "model.embed_tokens.weight", dtype: "F32", shape: [ROWS, K], data: bytes(embed) },
     { name: "lm_head.weight", dtype: "U32", shape: [ROWS, (K * bits) / 32], data: bytes(q.words) },
     { name: "lm_head.scales", dtype: "BF16", shape: [ROWS, K / group], data: bytes(q.scales) },
     { name: "lm_head.biases", dtype: "BF16", shape: [ROWS, K / group], data: bytes(q.biases) },
     f32("model.norm.weight", [K], 1), f32("model.layers.0.input_layernorm.weight", [K], 1), f32("model.layers.0.post_attention_layernorm.weight", [K], 1),
-    ...["q_proj", "k_proj", "v_proj", "o_proj"].map((n) => f32(`model.layers.0.self_attn.${n}.weight`, [K, K])),
-    f32("model.layers.0.mlp.gate_proj.weight", [inter, K]), f32("model.layers.0.mlp.up_proj.weight", [inter, K]), f32("model.layers.0.mlp.down_proj.weight", [K, inter]),
+    ...["q_proj", "k_proj", "v_proj", "o_proj"].flatMap((n) => zeros(`model.layers.0.self_attn.${n}`, K, K)),
+    ...zeros("model.layers.0.mlp.gate_proj", inter, K), ...zeros("model.layers.0.mlp.up_proj", inter, K), ...zeros("model.layers.0.mlp.down_proj", K, inter),
   ]);
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify({
     architectures: ["LlamaForCausalLM"], hidden_size: K, intermediate_size: inter, num_hidden_layers: 1, num_attention_heads: 8,
@@ -70,15 +79,16 @@ function probe(bits: 4 | 8, group: number, seed: number): Probe {
   return { dir, weights: mlxDequantize(q, ROWS, K, bits, group), embed };
 }
 
-/** Each token's logits: all ROWS tokens as one batch of single-token sequences, or each alone. */
-async function probeLogits(dir: string, batched: boolean): Promise<Float32Array[]> {
+/** Each token's logits, the ROWS tokens run as single-token sequences `step` at a time. */
+async function probeLogits(dir: string, step: number): Promise<Float32Array[]> {
   const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK });
   try {
-    const req = (t: number, i: number): RunnerSequence => ({ tokenIds: [t], startPosition: 0, blockTable: [i], sample: null, allLogits: true });
-    const tokens = Array.from({ length: ROWS }, (_, i) => i);
-    if (batched) return (await runner.execute(tokens.map(req))).logits!.map((l) => l!);
+    const req = (t: number): RunnerSequence => ({ tokenIds: [t], startPosition: 0, blockTable: [t], sample: null, allLogits: true });
     const out: Float32Array[] = [];
-    for (const t of tokens) out.push((await runner.execute([req(t, 0)])).logits![0]!);
+    for (let t = 0; t < ROWS; t += step) {
+      const tokens = Array.from({ length: Math.min(step, ROWS - t) }, (_, i) => t + i);
+      out.push(...(await runner.execute(tokens.map(req))).logits!.map((l) => l!));
+    }
     return out;
   } finally {
     await runner.dispose();
@@ -98,7 +108,7 @@ function rmsnorm(x: Float32Array): Float32Array {
 
 async function dump(dir: string, probes: string[]): Promise<void> {
   for (const [i, p] of probes.entries()) {
-    const logits = await probeLogits(p, true);
+    const logits = await probeLogits(p, ROWS);
     fs.writeFileSync(path.join(dir, `probe-${i}.bin`), Buffer.concat(logits.map((l) => bytes(l))));
   }
   fs.writeFileSync(path.join(dir, "isa.txt"), loadNative().isa());
@@ -221,8 +231,12 @@ function dumpFor(isa: KernelSet): string {
 
 for (const [i, p] of probes.entries()) {
   test(`matmul ${p.bits}-bit, group ${p.group}: against dequantize + fp64 product, batch-invariant, every kernel set the same bits`, async () => {
-    const alone = await probeLogits(p.dir, false);
-    const batched = await probeLogits(p.dir, true);
+    const batched = await probeLogits(p.dir, ROWS);
+    const alone = await probeLogits(p.dir, 1);
+    for (const step of STEP_SIZES.slice(1, -1)) {
+      const got = await probeLogits(p.dir, step);
+      for (let t = 0; t < ROWS; t++) assert.ok(got[t]!.every((v, j) => Object.is(v, batched[t]![j])), `token ${t} differs in steps of ${step} and of ${ROWS}`);
+    }
     let worst = 0;
     for (let t = 0; t < ROWS; t++) {
       assert.ok(alone[t]!.every((v, j) => Object.is(v, batched[t]![j])), `token ${t} differs alone and in a batch of ${ROWS}`);

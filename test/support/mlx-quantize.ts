@@ -82,7 +82,9 @@ export function readFloats(t: NativeTensor): Float32Array {
   if (t.dtype === "f32") return new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4);
   if (t.dtype !== "bf16") throw new Error(`readFloats: ${t.dtype}`);
   const h = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
-  return Float32Array.from(h, bf16ToF32);
+  const out = new Float32Array(h.length), bits = new Uint32Array(out.buffer);
+  for (let i = 0; i < h.length; i++) bits[i] = h[i]! << 16;
+  return out;
 }
 
 const bytes = (a: ArrayBufferView): Uint8Array => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
@@ -95,33 +97,40 @@ export interface MlxCopyOptions {
 }
 
 /**
- * `src` (a float checkpoint dir) as an MLX-quantized checkpoint in `mlxDir` and its dequantized
- * weights as a float32 checkpoint in `f32Dir`. As mlx-lm does, every 2-D weight whose input
- * dimension divides by its group size is quantized; the rest stay float.
+ * `src` (a float checkpoint dir) as an MLX-quantized checkpoint in `mlxDir` and, when `f32Dir` is
+ * given, its dequantized weights as a float32 checkpoint there. As mlx-lm does, every 2-D weight
+ * whose input dimension divides by its group size is quantized; the rest stay float (written as
+ * F32). Tensors are made as they are written: one module in memory at a time.
  */
-export function writeMlxCopy(src: string, mlxDir: string, f32Dir: string, o: MlxCopyOptions): void {
+export function writeMlxCopy(src: string, mlxDir: string, f32Dir: string | null, o: MlxCopyOptions): void {
   const tensors = readSafetensors(path.join(src, "model.safetensors"));
   const mlx: TensorToWrite[] = [], plain: TensorToWrite[] = [];
+  let memo: { name: string; q: MlxQuantized } | null = null;
   for (const [name, t] of tensors) {
-    const values = readFloats(t);
     const module = name.replace(/\.weight$/, "");
     const override = o.overrides?.[module];
     const p = override === undefined ? { bits: o.bits, group_size: o.groupSize } : override;
     const [rows, cols] = t.shape as [number, number];
     if (t.shape.length === 2 && name.endsWith(".weight") && p && cols % p.group_size === 0) {
-      const q = mlxQuantize(values, rows, cols, p.bits, p.group_size);
-      mlx.push({ name, dtype: "U32", shape: [rows, (cols * p.bits) / 32], data: bytes(q.words) },
-        { name: `${module}.scales`, dtype: "BF16", shape: [rows, cols / p.group_size], data: bytes(q.scales) },
-        { name: `${module}.biases`, dtype: "BF16", shape: [rows, cols / p.group_size], data: bytes(q.biases) });
-      plain.push({ name, dtype: "F32", shape: t.shape, data: bytes(mlxDequantize(q, rows, cols, p.bits, p.group_size)) });
+      const quantized = (): MlxQuantized => {
+        if (memo?.name !== name) memo = { name, q: mlxQuantize(readFloats(t), rows, cols, p.bits, p.group_size) };
+        return memo.q;
+      };
+      const params = [rows, cols / p.group_size];
+      mlx.push({ name, dtype: "U32", shape: [rows, (cols * p.bits) / 32], data: () => bytes(quantized().words) },
+        { name: `${module}.scales`, dtype: "BF16", shape: params, data: () => bytes(quantized().scales) },
+        { name: `${module}.biases`, dtype: "BF16", shape: params, data: () => bytes(quantized().biases) });
+      plain.push({ name, dtype: "F32", shape: t.shape, data: () => bytes(mlxDequantize(quantized(), rows, cols, p.bits, p.group_size)) });
     } else {
-      mlx.push({ name, dtype: "F32", shape: t.shape, data: bytes(values) });
-      plain.push({ name, dtype: "F32", shape: t.shape, data: bytes(values) });
+      mlx.push({ name, dtype: "F32", shape: t.shape, data: () => bytes(readFloats(t)) });
+      plain.push({ name, dtype: "F32", shape: t.shape, data: () => bytes(readFloats(t)) });
     }
   }
   const config = JSON.parse(fs.readFileSync(path.join(src, "config.json"), "utf8")) as Record<string, unknown>;
   const quantization = { group_size: o.groupSize, bits: o.bits, ...o.overrides };
-  for (const [dir, list, cfg] of [[mlxDir, mlx, { ...config, quantization, quantization_config: quantization }], [f32Dir, plain, config]] as const) {
+  const outputs = [[mlxDir, mlx, { ...config, quantization, quantization_config: quantization }]] as [string, TensorToWrite[], Record<string, unknown>][];
+  if (f32Dir) outputs.push([f32Dir, plain, config]);
+  for (const [dir, list, cfg] of outputs) {
     fs.mkdirSync(dir, { recursive: true });
     fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify(cfg));
     for (const f of ["generation_config.json", "tokenizer.json", "tokenizer_config.json"]) {
