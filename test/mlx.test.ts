@@ -16,7 +16,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { FIXTURES, readReference, readReferenceLogits, tempDir, tokenizerPackageDir } from "./helpers.js";
-import { mlxDequantize, mlxQuantize, readFloats, writeMlxCopy } from "./support/mlx-quantize.js";
+import { mlxDequantize, mlxQuantize, writeMlxCopy } from "./support/mlx-quantize.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { readSafetensors, readTensorBytes, writeSafetensors, type TensorToWrite } from "../src/model/safetensors.js";
 import { ModelRunner, type RunnerSequence } from "../src/runtime/model-runner.js";
@@ -54,11 +54,11 @@ function probe(bits: 4 | 8, group: number, seed: number): Probe {
   const dir = tempDir(`weft-mlx-probe-${bits}-${group}-`);
   const q = mlxQuantize(gaussian(ROWS * K, 101 + seed, 0.05), ROWS, K, bits, group);
   const embed = gaussian(ROWS * K, 7 + seed);
-  const inter = 256;
+  const inter = 32, heads = 2, hd = 8;  // a small attention and MLP: they only add exact zeros
   const f32 = (name: string, shape: number[], fill = 0): TensorToWrite =>
     ({ name, dtype: "F32", shape, data: bytes(new Float32Array(shape.reduce((a, b) => a * b, 1)).fill(fill)) });
-  // The layer's matrices: 4-bit, every word, scale and bias 0 (exactly zero weights), which keeps the files small.
-  const zeros = (module: string, rows: number, cols: number): TensorToWrite[] => [
+  // The layer's matrices are zero: quantized (every word, scale and bias 0) where the group divides their inputs.
+  const zeros = (module: string, rows: number, cols: number): TensorToWrite[] => cols % group !== 0 ? [f32(`${module}.weight`, [rows, cols])] : [
     { name: `${module}.weight`, dtype: "U32", shape: [rows, (cols * bits) / 32], data: new Uint8Array((rows * cols * bits) / 8) },
     ...["scales", "biases"].map((p): TensorToWrite => ({ name: `${module}.${p}`, dtype: "BF16", shape: [rows, cols / group], data: new Uint8Array((rows * cols * 2) / group) })),
   ];
@@ -68,12 +68,12 @@ function probe(bits: 4 | 8, group: number, seed: number): Probe {
     { name: "lm_head.scales", dtype: "BF16", shape: [ROWS, K / group], data: bytes(q.scales) },
     { name: "lm_head.biases", dtype: "BF16", shape: [ROWS, K / group], data: bytes(q.biases) },
     f32("model.norm.weight", [K], 1), f32("model.layers.0.input_layernorm.weight", [K], 1), f32("model.layers.0.post_attention_layernorm.weight", [K], 1),
-    ...["q_proj", "k_proj", "v_proj", "o_proj"].flatMap((n) => zeros(`model.layers.0.self_attn.${n}`, K, K)),
+    ...["q_proj", "k_proj", "v_proj"].flatMap((n) => zeros(`model.layers.0.self_attn.${n}`, heads * hd, K)), ...zeros("model.layers.0.self_attn.o_proj", K, heads * hd),
     ...zeros("model.layers.0.mlp.gate_proj", inter, K), ...zeros("model.layers.0.mlp.up_proj", inter, K), ...zeros("model.layers.0.mlp.down_proj", K, inter),
   ]);
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify({
-    architectures: ["LlamaForCausalLM"], hidden_size: K, intermediate_size: inter, num_hidden_layers: 1, num_attention_heads: 8,
-    num_key_value_heads: 8, vocab_size: ROWS, rms_norm_eps: 1e-6, max_position_embeddings: 256, tie_word_embeddings: false,
+    architectures: ["LlamaForCausalLM"], hidden_size: K, intermediate_size: inter, num_hidden_layers: 1, num_attention_heads: heads,
+    num_key_value_heads: heads, head_dim: hd, vocab_size: ROWS, rms_norm_eps: 1e-6, max_position_embeddings: 256, tie_word_embeddings: false,
     eos_token_id: 0, quantization: { group_size: group, bits },
   }));
   return { dir, weights: mlxDequantize(q, ROWS, K, bits, group), embed };
