@@ -18,6 +18,7 @@ import { fileURLToPath } from "node:url";
 import { FIXTURES, readReference, readReferenceLogits, tempDir, tokenizerPackageDir } from "./helpers.js";
 import { mlxDequantize, mlxQuantize, writeMlxCopy } from "./support/mlx-quantize.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
+import { exportGguf } from "../src/model/gguf-export.js";
 import { readSafetensors, readTensorBytes, writeSafetensors, type TensorToWrite } from "../src/model/safetensors.js";
 import { ModelRunner, type RunnerSequence } from "../src/runtime/model-runner.js";
 import { loadNative, type ComputeDtype, type KernelSet } from "../src/runtime/native.js";
@@ -355,6 +356,10 @@ for (const e of ERRORS) {
     assert.throws(() => loadCheckpoint(e.dir()), e.error);
   });
 }
+
+test("clear error: export-gguf refuses an MLX checkpoint rather than misreading its words", () => {
+  assert.throws(() => exportGguf(MLX_DIR, path.join(tempDir(), "out.gguf")), /export-gguf reads float checkpoints; this one is quantized \(mlx-4bit-g64\)/);
+});
 
 // ---- served ----
 
