@@ -35,8 +35,11 @@ const seq = (ids: number[], offset = 1): RunnerSequence => ({ tokenIds: ids, sta
 // K = 1536: one whole and one partial chunk of the AVX-512 kernel's 1024 dequantized inputs;
 // ROWS = 42: a partial panel of 4 columns and a partial tile of rows in every kernel set.
 const K = 1536, ROWS = 42, RMS_EPS = Math.fround(1e-6);
-/** Steps the probe's tokens are run in: alone, 2 and 3 (dequantized in registers), 5 (a buffered tile and a tail), all at once. */
-const STEP_SIZES = [1, 2, 3, 5, ROWS];
+/**
+ * Steps the probe's tokens are run in: alone, 2 and 3 (dequantized in registers), 5 (a buffered
+ * tile and a tail), all at once, and 130 (each token about three times: three blocks of rows).
+ */
+const STEP_SIZES = [1, 2, 3, 5, 130, ROWS];
 const SHAPES = [4, 8].flatMap((bits) => [32, 64, 128].map((group) => ({ bits: bits as 4 | 8, group })));
 
 /** Deterministic gaussian-ish values with a few outliers, as weights and activations have. */
@@ -80,15 +83,18 @@ function probe(bits: 4 | 8, group: number, seed: number): Probe {
   return { dir, weights: mlxDequantize(q, ROWS, K, bits, group), embed };
 }
 
-/** Each token's logits, the ROWS tokens run as single-token sequences `step` at a time. */
+/** Each token's logits, the ROWS tokens run as single-token sequences `step` at a time (a step beyond ROWS repeats them). */
 async function probeLogits(dir: string, step: number): Promise<Float32Array[]> {
-  const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK });
+  const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 160, blockSize: BLOCK });
   try {
-    const req = (t: number): RunnerSequence => ({ tokenIds: [t], startPosition: 0, blockTable: [t], sample: null, allLogits: true });
+    const req = (t: number, i: number): RunnerSequence => ({ tokenIds: [t], startPosition: 0, blockTable: [i], sample: null, allLogits: true });
     const out: Float32Array[] = [];
     for (let t = 0; t < ROWS; t += step) {
-      const tokens = Array.from({ length: Math.min(step, ROWS - t) }, (_, i) => t + i);
-      out.push(...(await runner.execute(tokens.map(req))).logits!.map((l) => l!));
+      const tokens = Array.from({ length: step > ROWS ? step : Math.min(step, ROWS - t) }, (_, i) => (t + i) % ROWS);
+      const logits = (await runner.execute(tokens.map(req))).logits!.map((l) => l!);
+      // A longer step: every repeat of a token must give the same bits; keep the first.
+      logits.forEach((l, i) => assert.ok(i < ROWS || Buffer.compare(Buffer.from(bytes(l)), Buffer.from(bytes(logits[i % ROWS]!))) === 0, `row ${i} of a step of ${step}`));
+      out.push(...logits.slice(0, ROWS));
     }
     return out;
   } finally {
