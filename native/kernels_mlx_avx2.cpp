@@ -12,6 +12,8 @@
 namespace weft {
 namespace {
 
+constexpr int kRowBlock = 64;
+
 // q of inputs k .. k+7 of one row's words (k a multiple of 8), as int32 lanes.
 template <int Bits>
 inline __m256i loadQ(const uint8_t* row, int k) {
@@ -85,12 +87,15 @@ template <int Bits>
 void matmul(const float* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
   static thread_local std::vector<float> buf;
   if (buf.size() < static_cast<size_t>(kMlxPanel) * w.K) buf.resize(static_cast<size_t>(kMlxPanel) * w.K);
-  for (int n = n0; n < n1; n += kMlxPanel) {
-    dequantPanel<Bits>(w, n, buf.data());
-    for (int c0 = 0; c0 < kMlxPanel && n + c0 < w.N; c0 += 2) {
-      int t = 0;
-      for (; t + 2 <= T; t += 2) tile<2>(x, t, buf.data(), w, n, c0, y);
-      if (t < T) tile<1>(x, t, buf.data(), w, n, c0, y);
+  for (int tb = 0; tb < T; tb += kRowBlock) {  // a block's activations stay in L2 while the panels go past
+    const int te = std::min(T, tb + kRowBlock);
+    for (int n = n0; n < n1; n += kMlxPanel) {
+      dequantPanel<Bits>(w, n, buf.data());
+      for (int c0 = 0; c0 < kMlxPanel && n + c0 < w.N; c0 += 2) {
+        int t = tb;
+        for (; t + 2 <= te; t += 2) tile<2>(x, t, buf.data(), w, n, c0, y);
+        if (t < te) tile<1>(x, t, buf.data(), w, n, c0, y);
+      }
     }
   }
 }
