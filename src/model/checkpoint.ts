@@ -65,7 +65,9 @@ class TensorPicker {
   get(name: string, shape: number[]): NativeTensor {
     const t = this.tensors.get(name);
     if (!t) throw new CheckpointError(this.dir, "missing tensor", name);
-    if (t.dtype === "u32") throw new CheckpointError(t.file, "U32 tensor, but config.json has no MLX \"quantization\"", name);
+    if (t.dtype === "u32") {
+      throw new CheckpointError(t.file, this.mlx ? "U32 tensor where a float one belongs" : "U32 tensor, but config.json has no MLX \"quantization\"", name);
+    }
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new CheckpointError(t.file, `wrong shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`, name);
     }
