@@ -17,6 +17,9 @@
         "native/kernels_quant.cpp",
         "native/kernels_quant_avx2.cpp",
         "native/kernels_quant_vnni.cpp",
+        "native/kernels_mlx.cpp",
+        "native/kernels_mlx_avx2.cpp",
+        "native/kernels_mlx_avx512.cpp",
         "native/roofline.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <memory>
 #include <stdexcept>
+#include "mlx_quant.h"
 #include "model.h"
 #include "quant.h"
 #include "roofline.h"
@@ -36,6 +37,38 @@ int intField(const Napi::Object& o, const char* key) {
   return v.As<Napi::Number>().Int32Value();
 }
 
+// Where a tensor's bytes lie: checked to be `bytes` long and inside its file, which is mapped.
+const unsigned char* mapBytes(const Napi::Object& t, const std::string& key, size_t bytes, MappedFiles& files) {
+  std::string file = t.Get("file").As<Napi::String>();
+  double offset = t.Get("offset").As<Napi::Number>().DoubleValue();
+  double length = t.Get("byteLength").As<Napi::Number>().DoubleValue();
+  size_t size = 0;
+  const unsigned char* base = files.map(file, &size);
+  if (static_cast<double>(bytes) != length || offset + length > static_cast<double>(size))
+    throw std::invalid_argument("tensor " + key + " does not fit its file " + file);
+  return base + static_cast<size_t>(offset);
+}
+
+// An MLX matrix: its words (`t` itself) and t.mlx = { groupSize, scales, biases }.
+void parseMlx(const Napi::Object& t, const std::string& key, MappedFiles& files, Tensor& out) {
+  Napi::Value m = t.Get("mlx");
+  if (!m.IsObject()) throw std::invalid_argument("tensor " + key + " is MLX-quantized but has no scales and biases");
+  Napi::Object mlx = m.As<Napi::Object>();
+  out.group = intField(mlx, "groupSize");
+  if (!mlxGroupSupported(out.group) || out.cols % out.group != 0)
+    throw std::invalid_argument("tensor " + key + ": MLX group size " + std::to_string(out.group) + " unsupported or not dividing " + std::to_string(out.cols));
+  out.data = mapBytes(t, key, mlxWordBytes(out.dtype, out.rows, out.cols), files);
+  Napi::Object scales = mlx.Get("scales").As<Napi::Object>(), biases = mlx.Get("biases").As<Napi::Object>();
+  out.paramDtype = dtypeFromName(scales.Get("dtype").As<Napi::String>());
+  if (out.paramDtype != DType::BF16 && out.paramDtype != DType::F16 && out.paramDtype != DType::F32)
+    throw std::invalid_argument("tensor " + key + ": MLX scales must be bf16, f16 or f32");
+  if (dtypeFromName(biases.Get("dtype").As<Napi::String>()) != out.paramDtype)
+    throw std::invalid_argument("tensor " + key + ": MLX scales and biases differ in dtype");
+  const size_t params = mlxParamBytes(out.paramDtype, out.rows, out.cols, out.group);
+  out.scales = mapBytes(scales, key + ".scales", params, files);
+  out.biases = mapBytes(biases, key + ".biases", params, files);
+}
+
 Tensor parseTensor(const Napi::Object& spec, const char* key, MappedFiles& files, bool optional = false) {
   Napi::Value v = spec.Get(key);
   if (v.IsUndefined() || v.IsNull()) {
@@ -43,19 +76,19 @@ Tensor parseTensor(const Napi::Object& spec, const char* key, MappedFiles& files
     throw std::invalid_argument(std::string("missing tensor ") + key);
   }
   Napi::Object t = v.As<Napi::Object>();
-  std::string file = t.Get("file").As<Napi::String>();
-  double offset = t.Get("offset").As<Napi::Number>().DoubleValue();
-  double length = t.Get("byteLength").As<Napi::Number>().DoubleValue();
   Napi::Array shape = t.Get("shape").As<Napi::Array>();
   Tensor out;
-  out.dtype = dtypeFromName(t.Get("dtype").As<Napi::String>());
+  const std::string dtype = t.Get("dtype").As<Napi::String>();
+  out.dtype = dtype == "mlx4" ? DType::MLX4 : dtype == "mlx8" ? DType::MLX8 : dtypeFromName(dtype);
   out.rows = shape.Length() == 2 ? shape.Get(0u).As<Napi::Number>().Int32Value() : 1;
   out.cols = shape.Get(shape.Length() - 1).As<Napi::Number>().Int32Value();
-  size_t size = 0;
-  const unsigned char* base = files.map(file, &size);
-  if (out.cols % blockElems(out.dtype) != 0 || static_cast<double>(tensorBytes(out.dtype, out.rows, out.cols)) != length || offset + length > static_cast<double>(size))
-    throw std::invalid_argument(std::string("tensor ") + key + " does not fit its file " + file);
-  out.data = base + static_cast<size_t>(offset);
+  if (isMlx(out.dtype)) {
+    parseMlx(t, key, files, out);
+    return out;
+  }
+  if (out.cols % blockElems(out.dtype) != 0)
+    throw std::invalid_argument(std::string("tensor ") + key + " does not fit its file " + t.Get("file").As<Napi::String>().Utf8Value());
+  out.data = mapBytes(t, key, tensorBytes(out.dtype, out.rows, out.cols), files);
   return out;
 }
 

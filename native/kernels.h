@@ -16,8 +16,13 @@ namespace weft {
 // below it a fork costs more than the rows. Rows are independent, so the split never changes bits.
 constexpr int kParallelRows = 8;
 
-// F32/F16/BF16, and GGUF's block-quantized types (see quant.h).
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13 };
+// F32/F16/BF16, GGUF's block-quantized types (see quant.h), and MLX's affine
+// 4- and 8-bit groups (see mlx_quant.h).
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13, MLX4 = 20, MLX8 = 21 };
+
+// MLX-quantized matrices: uint32 words of packed q plus a scale and a bias per group.
+inline bool isMlx(DType d) { return d == DType::MLX4 || d == DType::MLX8; }
+inline int mlxBits(DType d) { return d == DType::MLX4 ? 4 : 8; }
 
 // Bytes per element of the float types (quantized types: tensorBytes in quant.h).
 inline size_t dtypeBytes(DType d) { return d == DType::F32 ? 4 : 2; }
@@ -41,6 +46,12 @@ struct PackedMatrix {
   int N = 0, K = 0;    // logical shape
   int Np = 0, Kp = 0;  // padded to kPackCols and to the chunk length (pair tiles: to kTileCols, kTileK)
   bool pairTiles = false;
+  // MLX4/MLX8 only: `data` holds each row's K·bits/32 words as stored; `scales` and `biases`
+  // hold N × K/group values each in `paramDtype` (BF16, F16 or F32, as stored).
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  DType paramDtype = DType::BF16;
+  int group = 0;
 };
 
 // A bf16 pair tile: 16 output columns × 32 inputs.
@@ -73,6 +84,14 @@ using MatmulQuantFn = void (*)(const QuantActBlock* x, int T, const PackedMatrix
 // The quantized matmul for a kernel set: vpdpbusd (AVX512-VNNI) for the AVX-512
 // sets when the CPU has it, AVX2 (vpmaddubsw) for avx2 and AVX-512 without VNNI, else scalar.
 MatmulQuantFn quantMatmulFor(const char* kernelSet);
+// MLX affine weights (w.dtype MLX4/MLX8): y[t, n] = Σ_k x[t, k] · w[n, k] for the columns
+// [n0, n1), all rows t < T, x in fp32 (T × K, natural order). Each weight is dequantized
+// exactly, w = fma(q, scale, bias) in fp32 (scale·q is exact for bf16/f16 scales, so this is
+// scale·q + bias rounded once), and every output is reduced in one order that all kernel
+// sets follow (see mlx_quant.h): bit-identical across sets and batch-invariant.
+using MatmulMlxFn = void (*)(const float* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
+// The MLX matmul for a kernel set: AVX-512 for the AVX-512 sets, AVX2 for avx2, else scalar.
+MatmulMlxFn mlxMatmulFor(const char* kernelSet);
 // y[i] += alpha * x[i]
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
@@ -126,6 +145,8 @@ struct Kernels {
   // Block-quantized weights; chosen from the set's name (sets copied from
   // another inherit its choice, as amx and avx512bf16 inherit avx512's).
   MatmulQuantFn matmulQuant = quantMatmulFor(name);
+  // MLX affine weights, chosen from the set's name in the same way.
+  MatmulMlxFn matmulMlx = mlxMatmulFor(name);
 };
 
 const Kernels& kernelsAmx();

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include "ops.h"
+#include "mlx_quant.h"
 #include "quant.h"
 
 namespace weft {
@@ -64,6 +65,18 @@ void matmulQuantizedRows(const Kernels& k, const QuantActBlock* xq, int T, const
     int n0 = static_cast<int>(static_cast<long>(groups) * id / nt) * kPackCols;
     int n1 = std::min(w.N, static_cast<int>(static_cast<long>(groups) * (id + 1) / nt) * kPackCols);
     if (n0 < n1) k.matmulQuant(xq, T, w, y, n0, n1);
+  }
+}
+
+void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
+  const int panels = (w.N + kMlxPanel - 1) / kMlxPanel;
+  // As matmulPacked: contiguous runs of panels per thread, each output reduced by one thread.
+#pragma omp parallel
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int n0 = static_cast<int>(static_cast<long>(panels) * id / nt) * kMlxPanel;
+    int n1 = std::min(w.N, static_cast<int>(static_cast<long>(panels) * (id + 1) / nt) * kMlxPanel);
+    if (n0 < n1) k.matmulMlx(x, T, w, y, n0, n1);
   }
 }
 

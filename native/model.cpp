@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include "mlx_quant.h"
 #include "ops.h"
 #include "quant.h"
 
@@ -42,6 +43,7 @@ class Timer {
 Model::Model(ModelConfig config, Weights weights)
     : cfg_(std::move(config)), w_(std::move(weights)), k_(activeKernels()) {
   auto pack = [this](const Tensor& t) {  // quantized weights stay quantized in either compute mode
+    if (isMlx(t.dtype)) return store_.packMlx(t);
     if (isQuantized(t.dtype)) return store_.packQuantized(t);
     return cfg_.bf16 ? store_.packPairTiles(t) : store_.pack(t, k_.chunk);
   };
@@ -114,7 +116,8 @@ Profile Model::takeProfile() {
 }
 
 void Model::project(const float* x, int T, const PackedMatrix& w, float* y) {
-  if (isQuantized(w.dtype)) matmulQuantized(k_, x, T, w, y);
+  if (isMlx(w.dtype)) matmulMlx(k_, x, T, w, y);  // fp32 activations in both compute modes
+  else if (isQuantized(w.dtype)) matmulQuantized(k_, x, T, w, y);
   else if (w.pairTiles) matmulBf16(k_, x, T, w, y, xbf16_);
   else matmulParallel(k_, x, T, w, y, xpack_);
 }
@@ -129,8 +132,8 @@ void Model::linear(const float* x, int T, const PackedMatrix& w, const std::vect
 
 void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T) {
   const PackedMatrix& first = *outs.begin()->w;
-  bool quantized = false;  // each quantized matrix quantizes its own input rows
-  for (const Projection& p : outs) quantized = quantized || isQuantized(p.w->dtype);
+  bool quantized = false;  // each quantized matrix quantizes its own input rows (MLX: reads them as they are)
+  for (const Projection& p : outs) quantized = quantized || isMlx(p.w->dtype) || isQuantized(p.w->dtype);
   if (quantized) {
     rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
     for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);

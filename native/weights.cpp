@@ -6,11 +6,17 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include "mlx_quant.h"
 #include "quant.h"
 
 namespace weft {
 
 float Tensor::at(size_t i) const {
+  if (isMlx(dtype)) {  // not a vector type: dequantize the element's row
+    std::vector<float> row(cols);
+    rowToF32(static_cast<int>(i / cols), row.data());
+    return row[i % cols];
+  }
   if (isQuantized(dtype)) {  // rare (small vectors are float in GGUF): dequantize the element's row
     std::vector<float> row(cols);
     dequantRow(dtype, data, cols, static_cast<int>(i / cols), row.data());
@@ -26,6 +32,7 @@ float Tensor::at(size_t i) const {
 }
 
 void Tensor::rowToF32(int r, float* out) const {
+  if (isMlx(dtype)) return mlxDequantRow(dtype, data, scales, biases, paramDtype, group, cols, r, out);
   if (isQuantized(dtype)) return dequantRow(dtype, data, cols, r, out);
   size_t base = static_cast<size_t>(r) * cols;
   for (int c = 0; c < cols; c++) out[c] = at(base + c);
@@ -74,6 +81,25 @@ PackedMatrix PackedStore::packQuantized(const Tensor& t) {
   return p;
 }
 
+PackedMatrix PackedStore::packMlx(const Tensor& t) {
+  PackedMatrix p;
+  p.dtype = t.dtype;
+  p.N = p.Np = t.rows;
+  p.K = p.Kp = t.cols;
+  p.group = t.group;
+  p.paramDtype = t.paramDtype;
+  const size_t words = mlxWordBytes(t.dtype, t.rows, t.cols);
+  const size_t params = mlxParamBytes(t.paramDtype, t.rows, t.cols, t.group);
+  auto* mem = static_cast<unsigned char*>(reserve(words + 2 * params));
+  std::memcpy(mem, t.data, words);
+  std::memcpy(mem + words, t.scales, params);
+  std::memcpy(mem + words + params, t.biases, params);
+  p.data = mem;
+  p.scales = mem + words;
+  p.biases = mem + words + params;
+  return p;
+}
+
 PackedMatrix PackedStore::packPairTiles(const Tensor& t) {
   PackedMatrix p;
   p.dtype = DType::BF16;
@@ -105,12 +131,24 @@ void* PackedStore::reserve(size_t bytes) {
   return mem;
 }
 
-void releasePages(const Tensor& t) {
+namespace {
+
+void releaseRange(const void* data, size_t bytes) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(t.data);
-  const uintptr_t end = begin + tensorBytes(t.dtype, t.rows, t.cols);
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t end = begin + bytes;
   const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+}  // namespace
+
+void releasePages(const Tensor& t) {
+  if (!isMlx(t.dtype)) return releaseRange(t.data, tensorBytes(t.dtype, t.rows, t.cols));
+  const size_t params = mlxParamBytes(t.paramDtype, t.rows, t.cols, t.group);
+  releaseRange(t.data, mlxWordBytes(t.dtype, t.rows, t.cols));
+  releaseRange(t.scales, params);
+  releaseRange(t.biases, params);
 }
 
 MappedFiles::~MappedFiles() {

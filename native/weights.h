@@ -1,5 +1,6 @@
 // Model weights, memory-mapped straight from safetensors or GGUF files and kept
-// in their stored dtype (bf16/f16/f32, or GGUF's quantized blocks): no float32
+// in their stored dtype (bf16/f16/f32, GGUF's quantized blocks, or MLX's packed
+// words with their group scales and biases): no float32
 // copy of a matrix is made (norm weights and biases, which are small, are widened to fp32).
 #pragma once
 #include <cstddef>
@@ -17,6 +18,11 @@ struct Tensor {
   DType dtype = DType::F32;
   int rows = 0;  // output features (N) for a linear layer
   int cols = 0;  // input features (K)
+  // MLX4/MLX8 only (see mlx_quant.h): rows × cols/group scales and biases, and the group size.
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  DType paramDtype = DType::BF16;
+  int group = 0;
   explicit operator bool() const { return data != nullptr; }
   // Row `r` widened (quantized: dequantized) to fp32 into `out` (cols floats).
   void rowToF32(int r, float* out) const;
@@ -45,6 +51,8 @@ class PackedStore {
   // Copies a block-quantized `t` as it is: rows of ggml blocks, which the
   // quantized kernels read one row at a time (a column group's rows are contiguous).
   PackedMatrix packQuantized(const Tensor& t);
+  // Copies an MLX-quantized `t` as it is: its words, scales and biases.
+  PackedMatrix packMlx(const Tensor& t);
   // Repacks `t` into bf16 pair tiles (bfloat16 mode), rounding f32/f16 weights to bf16 as transformers does.
   PackedMatrix packPairTiles(const Tensor& t);
 

@@ -71,7 +71,7 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   const engine = new Engine(hooks.wrapRunner?.(runner, id) ?? runner, cfg, limits, tokenizer, undefined, hooks.observer?.(id) ?? {});
   const info = runner.info();
   hooks.log?.(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
-    `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
+    `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights${checkpoint.quantization ? ` (${checkpoint.quantization})` : ""}; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
     `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, ${info.kvCacheDtype}); dtype ${info.dtype}, kernels ${info.isa}, ${info.threads} threads`);
   return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer, pool, maxModelLen), runner, engine, lastUsed: Date.now() };
 }
@@ -175,6 +175,7 @@ export class EngineManager {
       id, object: "model", created: 0, owned_by: "weft", status: s.state,
       dtype: s.state === "ready" ? s.model.runner.info().dtype : resolveDtype(this.config.dtype),
       ...(s.state === "ready" ? { max_model_len: s.model.engine.limits.maxModelLen } : {}),
+      ...(s.state === "ready" && s.model.checkpoint.quantization ? { quantization: s.model.checkpoint.quantization } : {}),
     };
   }
 

@@ -8,6 +8,7 @@ import { CheckpointError } from "./errors.js";
 import { readModelConfig, type ModelConfig } from "./config.js";
 import { readSafetensors } from "./safetensors.js";
 import { loadGgufCheckpoint } from "./gguf-model.js";
+import { describeMlx, mlxMatrix, readMlxQuantization, type MlxQuantization } from "./mlx-quant.js";
 import type { NativeLayerWeights, NativeTensor, NativeWeights } from "../runtime/native.js";
 
 export interface Checkpoint {
@@ -16,6 +17,8 @@ export interface Checkpoint {
   weights: NativeWeights;
   /** Bytes of weights read per forward step (for rooflines and logs). */
   weightBytes: number;
+  /** How the weights are quantized ("mlx-4bit-g64", ...), for logs and /v1/models; absent for float checkpoints. */
+  quantization?: string;
 }
 
 /** The shard files of a checkpoint: `model.safetensors`, or those named by the sharded index. */
@@ -56,15 +59,24 @@ class TensorPicker {
   constructor(
     private readonly dir: string,
     private readonly tensors: Map<string, NativeTensor>,
+    private readonly mlx: MlxQuantization | null,
   ) {}
 
   get(name: string, shape: number[]): NativeTensor {
     const t = this.tensors.get(name);
     if (!t) throw new CheckpointError(this.dir, "missing tensor", name);
+    if (t.dtype === "u32") {
+      throw new CheckpointError(t.file, this.mlx ? "U32 tensor where a float one belongs" : "U32 tensor, but config.json has no MLX \"quantization\"", name);
+    }
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new CheckpointError(t.file, `wrong shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`, name);
     }
     return t;
+  }
+
+  /** The weight of linear layer (or embedding) `module`, MLX-quantized where the checkpoint is. */
+  matrix(module: string, shape: [number, number]): NativeTensor {
+    return this.mlx ? mlxMatrix(this.dir, this.tensors, this.mlx, module, shape) : this.get(`${module}.weight`, shape);
   }
 
   has(name: string): boolean {
@@ -77,14 +89,14 @@ function layerWeights(p: TensorPicker, c: ModelConfig, i: number): NativeLayerWe
   const q = c.heads * c.headDim, kv = c.kvHeads * c.headDim;
   const w: NativeLayerWeights = {
     attnNorm: p.get(`${pre}input_layernorm.weight`, [c.hidden]),
-    wq: p.get(`${pre}self_attn.q_proj.weight`, [q, c.hidden]),
-    wk: p.get(`${pre}self_attn.k_proj.weight`, [kv, c.hidden]),
-    wv: p.get(`${pre}self_attn.v_proj.weight`, [kv, c.hidden]),
-    wo: p.get(`${pre}self_attn.o_proj.weight`, [c.hidden, q]),
+    wq: p.matrix(`${pre}self_attn.q_proj`, [q, c.hidden]),
+    wk: p.matrix(`${pre}self_attn.k_proj`, [kv, c.hidden]),
+    wv: p.matrix(`${pre}self_attn.v_proj`, [kv, c.hidden]),
+    wo: p.matrix(`${pre}self_attn.o_proj`, [c.hidden, q]),
     mlpNorm: p.get(`${pre}post_attention_layernorm.weight`, [c.hidden]),
-    gate: p.get(`${pre}mlp.gate_proj.weight`, [c.intermediate, c.hidden]),
-    up: p.get(`${pre}mlp.up_proj.weight`, [c.intermediate, c.hidden]),
-    down: p.get(`${pre}mlp.down_proj.weight`, [c.hidden, c.intermediate]),
+    gate: p.matrix(`${pre}mlp.gate_proj`, [c.intermediate, c.hidden]),
+    up: p.matrix(`${pre}mlp.up_proj`, [c.intermediate, c.hidden]),
+    down: p.matrix(`${pre}mlp.down_proj`, [c.hidden, c.intermediate]),
   };
   if (c.qkvBias) {
     w.bq = p.get(`${pre}self_attn.q_proj.bias`, [q]);
@@ -103,16 +115,17 @@ export function loadCheckpoint(dir: string): Checkpoint {
   if (dir.endsWith(".gguf") && fs.statSync(dir, { throwIfNoEntry: false })?.isFile()) return loadGgufCheckpoint(dir);
   const config = readModelConfig(dir);
   const tensors = collectTensors(shardFiles(dir));
-  const p = new TensorPicker(dir, tensors);
-  const embed = p.get("model.embed_tokens.weight", [config.vocab, config.hidden]);
+  const mlx = readMlxQuantization(dir);
+  const p = new TensorPicker(dir, tensors, mlx);
+  const embed = p.matrix("model.embed_tokens", [config.vocab, config.hidden]);
   const tied = config.tieEmbeddings && !p.has("lm_head.weight");
   const weights: NativeWeights = {
     embed,
     finalNorm: p.get("model.norm.weight", [config.hidden]),
-    lmHead: tied ? embed : p.get("lm_head.weight", [config.vocab, config.hidden]),
+    lmHead: tied ? embed : p.matrix("lm_head", [config.vocab, config.hidden]),
     layers: Array.from({ length: config.layers }, (_, i) => layerWeights(p, config, i)),
   };
   const weightBytes = [...new Set([weights.lmHead, ...weights.layers.flatMap((l) => Object.values(l) as NativeTensor[])])]
-    .reduce((sum, t) => sum + t.byteLength, 0);
-  return { dir, config, weights, weightBytes };
+    .reduce((sum, t) => sum + t.byteLength + (t.mlx ? t.mlx.scales.byteLength + t.mlx.biases.byteLength : 0), 0);
+  return { dir, config, weights, weightBytes, ...(mlx ? { quantization: describeMlx(mlx) } : {}) };
 }

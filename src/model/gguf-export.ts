@@ -6,6 +6,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { loadCheckpoint } from "./checkpoint.js";
+import { CheckpointError } from "./errors.js";
 import { readTensorBytes } from "./safetensors.js";
 import type { NativeTensor } from "../runtime/native.js";
 import { GGML_TYPES, type GgmlType } from "./gguf.js";
@@ -174,6 +175,7 @@ export function tokenizerMeta(dir: string, vocabSize: number, arch: string): Met
 
 export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f16"): { tensors: number; bytes: number } {
   const ck = loadCheckpoint(modelDir);
+  if (ck.quantization) throw new CheckpointError(modelDir, `export-gguf reads float checkpoints; this one is quantized (${ck.quantization})`);
   const c = ck.config;
   const arch = c.architecture === "Qwen3ForCausalLM" ? "qwen3" : c.architecture === "Qwen2ForCausalLM" ? "qwen2" : "llama";
   const meta: Meta[] = [

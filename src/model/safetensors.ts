@@ -10,6 +10,7 @@ const DTYPES: Record<string, { dtype: NativeDType; bytes: number }> = {
   F32: { dtype: "f32", bytes: 4 },
   F16: { dtype: "f16", bytes: 2 },
   BF16: { dtype: "bf16", bytes: 2 },
+  U32: { dtype: "u32", bytes: 4 },  // MLX's packed quantized words
 };
 
 /** A header larger than this is not a real checkpoint (the format caps it at 100 MB). */
@@ -52,7 +53,7 @@ function readHeader(file: string): { header: Record<string, unknown>; dataStart:
 
 function parseEntry(file: string, name: string, raw: RawEntry, dataStart: number): NativeTensor & { begin: number; end: number } {
   const info = typeof raw.dtype === "string" ? DTYPES[raw.dtype] : undefined;
-  if (!info) throw new CheckpointError(file, `unsupported dtype ${String(raw.dtype)} (supported: F32, F16, BF16)`, name);
+  if (!info) throw new CheckpointError(file, `unsupported dtype ${String(raw.dtype)} (supported: F32, F16, BF16, and U32 for MLX-quantized weights)`, name);
   const shape = raw.shape;
   if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
     throw new CheckpointError(file, "shape is not a list of non-negative integers", name);
@@ -98,7 +99,7 @@ export function readSafetensors(file: string): Map<string, NativeTensor> {
 
 export interface TensorToWrite {
   name: string;
-  dtype: "F32" | "F16" | "BF16";
+  dtype: "F32" | "F16" | "BF16" | "U32";
   shape: number[];
   /** The bytes, or a function producing them when written (keeps one tensor in memory at a time). */
   data: Uint8Array | (() => Uint8Array);

@@ -6,8 +6,12 @@ import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
-/** Float types, and GGUF's block-quantized types (kept quantized in memory; see docs/QUANTIZATION.md). */
-export type NativeDType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q4_k" | "q5_k" | "q6_k";
+/**
+ * Float types, GGUF's block-quantized types, and MLX's affine 4- and 8-bit matrices (all kept
+ * quantized in memory; see docs/QUANTIZATION.md). `u32` is a safetensors file's raw words: the
+ * loader only ever passes them on inside an MLX matrix.
+ */
+export type NativeDType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q4_k" | "q5_k" | "q6_k" | "mlx4" | "mlx8" | "u32";
 
 /**
  * How the forward pass computes. float32: activations in fp32, weights widened
@@ -32,8 +36,16 @@ export interface NativeTensor {
   offset: number;
   byteLength: number;
   dtype: NativeDType;
-  /** [rows, cols] for matrices, [n] for vectors. */
+  /** [rows, cols] for matrices, [n] for vectors (an MLX matrix: its logical shape, not the words'). */
   shape: number[];
+  /** MLX matrices (dtype mlx4 / mlx8) only: the group size and each group's scale and bias ([rows, cols / groupSize], bf16, f16 or f32). */
+  mlx?: NativeMlxParams;
+}
+
+export interface NativeMlxParams {
+  groupSize: number;
+  scales: NativeTensor;
+  biases: NativeTensor;
 }
 
 export interface NativeLayerWeights {
