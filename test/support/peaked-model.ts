@@ -33,14 +33,23 @@ function configOf(family: PeakedFamily): Record<string, unknown> {
       tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, max_position_embeddings: 4096 };
 }
 
-/** Seeded standard normals (xorshift32 + Box-Muller): the same on every machine. */
+/** Seeded standard normals (xorshift32 + Box-Muller, both outputs used): the same on every machine. */
 function normals(seed: number): () => number {
-  let s = seed >>> 0 || 1;
+  let s = seed >>> 0 || 1, spare: number | null = null;
   const u = (): number => {
     s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
     return (s + 0.5) / 4294967296;
   };
-  return () => Math.sqrt(-2 * Math.log(u())) * Math.cos(2 * Math.PI * u());
+  return () => {
+    if (spare !== null) {
+      const v = spare;
+      spare = null;
+      return v;
+    }
+    const r = Math.sqrt(-2 * Math.log(u())), a = 2 * Math.PI * u();
+    spare = r * Math.sin(a);
+    return r * Math.cos(a);
+  };
 }
 
 /** Writes the checkpoint (F32 safetensors, the family's tokenizer) to `out`. */
