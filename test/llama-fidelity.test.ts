@@ -4,7 +4,7 @@
  * `exportGguf`, quantized by llama.cpp's own `llama_model_quantize`.
  *
  * - Token ids: Weft's tokenizer built from the file gives llama.cpp's ids.
- * - Log-probs: at every position of a prompt and its 16-token greedy
+ * - Log-probs: at every position of a prompt and its 12-token greedy
  *   continuation, over llama.cpp's top-k tokens, |Δ log-prob| between the
  *   engines stays within TOLERANCE. The yardstick is how far llama.cpp itself
  *   moves between the F16 file and the quantized one (same measure, same
