@@ -17,6 +17,7 @@ import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
 import { batchBench, type BatchBenchOptions } from "./bench/batch-bench.js";
 import { exportGguf } from "./model/gguf-export.js";
 import { peerBench, type PeerOptions } from "./bench/peer.js";
+import { isLlamaQuantType, LLAMA_FTYPES, type LlamaQuantType } from "./bench/llama-quantize.js";
 import fs from "node:fs";
 import path from "node:path";
 
@@ -151,6 +152,11 @@ program
   });
 
 const intList = (name: string) => (v: string): number[] => v.split(",").map((x) => intArg(name, 1)(x.trim()));
+const quantList = (v: string): LlamaQuantType[] => v.split(",").map((x) => {
+  const t = x.trim().toLowerCase();
+  if (!isLlamaQuantType(t)) throw new InvalidArgumentError(`unknown type "${x.trim()}" (have: ${Object.keys(LLAMA_FTYPES).join(", ")})`);
+  return t;
+});
 const bench = program.command("bench").description("measure throughput and latency");
 bench
   .command("offline", { isDefault: true })
@@ -209,13 +215,14 @@ bench
   .action(printProfile);
 bench
   .command("peer")
-  .description("Weft vs llama.cpp (node-llama-cpp, a devDependency) on the same random checkpoint, in one run")
+  .description("Weft vs llama.cpp (node-llama-cpp, a devDependency) on the same random checkpoint, or with --quant the same quantized GGUF, in one run")
   .option("--preset <name>", "model shape", "qwen3-0.6b")
   .option("--dir <dir>", "where the checkpoint and GGUF files are kept", path.join(".weft", "bench"))
   .option("--concurrency <list>", "sequences decoded together", intList("--concurrency"), [1, 4, 16, 32])
   .option("--prompt-len <n>", "prompt tokens per sequence", intArg("--prompt-len", 1), 128)
   .option("--output-len <n>", "tokens generated per sequence", intArg("--output-len", 2), 128)
   .option("--prefill-len <n>", "tokens of the single-prompt prefill case", intArg("--prefill-len", 1), 512)
+  .option("--quant <types>", `run both on the same GGUF quantized by llama.cpp to each type (${Object.keys(LLAMA_FTYPES).join(", ")}), comma-separated`, quantList)
   .option("--json <file>", "write the results as JSON")
   .action(async (o: PeerOptions) => {
     fs.mkdirSync(o.dir, { recursive: true });

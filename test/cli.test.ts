@@ -48,3 +48,9 @@ test("generate --json prints exactly one object of the documented shape", () => 
   const chat = JSON.parse(weft("generate", "--model", fixtureModelDir(), "--prompt", "Hi", "--chat", "--max-tokens", "2", "--json")) as { prompt_token_ids: number[] };
   assert.deepEqual(chat.prompt_token_ids.slice(0, 3), [151644, 872, 198], "the chat template was applied");
 });
+
+test("bench peer --quant refuses a type llama.cpp's quantizer is not asked for, naming those it takes", () => {
+  const bad = spawnSync(process.execPath, [CLI, "bench", "peer", "--quant", "q8_0,q3_k", "--dir", tempDir()]);
+  assert.notEqual(bad.status, 0);
+  assert.match(bad.stderr.toString(), /unknown type "q3_k" \(have: q8_0, q4_0, q4_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k\)/);
+});

@@ -70,6 +70,21 @@ export function matmulParams(c: Checkpoint): number {
   return matrices.reduce((n, t) => n + t.shape[0]! * t.shape[1]!, 0);
 }
 
+const FLOAT_DTYPES: ReadonlySet<string> = new Set(["f32", "f16", "bf16"]);
+
+/**
+ * Weight bytes one decode step streams: the linear layers and the output
+ * projection (plus norms), quantized matrices as stored; in bfloat16 mode
+ * float matrices are held as bf16, in float32 mode as stored.
+ */
+export function weightBytesPerStep(c: Checkpoint, dtype: ComputeDtype): number {
+  const matrices = [...new Set([c.weights.lmHead, ...c.weights.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])])];
+  const matrixBytes = matrices.reduce((n, t) => n + t.byteLength, 0);
+  if (dtype !== "bfloat16") return c.weightBytes;
+  const asBf16 = matrices.reduce((n, t) => n + (FLOAT_DTYPES.has(t.dtype) ? t.shape[0]! * t.shape[1]! * 2 : t.byteLength), 0);
+  return c.weightBytes - matrixBytes + asBf16;
+}
+
 /** The compute peak that binds a matmul: the unit the kernels use in this mode. */
 export function computePeakGflops(r: Rooflines, dtype: ComputeDtype, kernels: string): number {
   if (dtype === "bfloat16" && kernels === "amx") return r.amx_gflops;
@@ -90,7 +105,7 @@ export interface RooflineShare {
 export function rooflineShare(r: Rooflines, c: Checkpoint, dtype: ComputeDtype, kernels: string,
   res: { concurrency: number; decode_tokens_per_second: number | null; prefill_tokens_per_second: number | null }): RooflineShare {
   const params = matmulParams(c);
-  const bytesPerStep = dtype === "bfloat16" ? params * 2 : c.weightBytes;
+  const bytesPerStep = weightBytesPerStep(c, dtype);
   const peak = computePeakGflops(r, dtype, kernels) * 1e9;
   const pct = (x: number | null, limit: number): number | null => (x === null || limit <= 0 ? null : Math.round((x / limit) * 1000) / 10);
   const decode = res.decode_tokens_per_second;

@@ -5,15 +5,19 @@
  * llama.cpp is driven in lockstep — every sequence asks for its next token in
  * the same tick — so it batches them into one decode call; the tokens of each
  * call are counted to prove it. It loads with useMmap: false and runs the
- * faster of an F16 and a BF16 GGUF.
+ * faster of an F16 and a BF16 GGUF. With `--quant`, both run the same GGUF
+ * file, quantized by llama.cpp's own quantizer.
  */
 import fs from "node:fs";
 import path from "node:path";
-import { createModel, DEFAULT_ENGINE_CONFIG, kvBytesPerBlock } from "../engine/engine-manager.js";
+import { createModel, DEFAULT_ENGINE_CONFIG, kvBytesPerBlock, unloadModel, type LoadedModel } from "../engine/engine-manager.js";
 import { readModelConfig as checkpointConfig } from "../model/config.js";
 import { exportGguf, type GgufDType } from "../model/gguf-export.js";
+import { readGguf } from "../model/gguf.js";
+import { ggufModelConfig } from "../model/gguf-model.js";
 import { makeModel } from "../model/make-model.js";
-import { machineInfo, modelInfo, usableCores } from "./machine.js";
+import { llamaQuantized, type LlamaQuantType } from "./llama-quantize.js";
+import { machineInfo, measureRooflines, modelInfo, usableCores, weightBytesPerStep } from "./machine.js";
 import { runLevel } from "./offline.js";
 import { attributeStep, summarize, table, type StepTotals } from "./stats.js";
 import { syntheticPrompts } from "./workload.js";
@@ -25,6 +29,8 @@ export interface PeerOptions {
   promptLen: number;
   outputLen: number;
   prefillLen: number;
+  /** llama.cpp file types: run both engines on the same quantized GGUF of each (instead of Weft's checkpoint against F16/BF16 GGUFs). */
+  quant?: LlamaQuantType[];
   json?: string;
 }
 
@@ -99,58 +105,86 @@ async function llamaPrefill(gguf: string, prompt: number[]): Promise<number> {
   }
 }
 
-export async function peerBench(o: PeerOptions): Promise<void> {
-  const say = (s: string): void => void process.stderr.write(`${s}\n`);
+type Say = (s: string) => void;
+
+/** The random checkpoint of the preset and its F16 GGUF (and BF16 when asked), made once in `o.dir`. */
+function benchFiles(o: PeerOptions, say: Say, dtypes: readonly GgufDType[]): { modelDir: string; ggufs: Partial<Record<GgufDType, string>> } {
   const modelDir = path.join(o.dir, `${o.preset}-random`);
   if (!fs.existsSync(path.join(modelDir, "model.safetensors"))) {
     say(`making ${o.preset} (random bf16 weights) in ${modelDir}…`);
     makeModel({ preset: o.preset, out: modelDir });
   }
-  const ggufs: Record<GgufDType, string> = { f16: path.join(o.dir, `${o.preset}-f16.gguf`), bf16: path.join(o.dir, `${o.preset}-bf16.gguf`) };
-  for (const [dtype, file] of Object.entries(ggufs) as [GgufDType, string][]) {
+  const ggufs: Partial<Record<GgufDType, string>> = {};
+  for (const dtype of dtypes) {
+    const file = (ggufs[dtype] = path.join(o.dir, `${o.preset}-${dtype}.gguf`));
     if (!fs.existsSync(file)) {
       say(`exporting ${file}…`);
       exportGguf(modelDir, file, dtype);
     }
   }
-  const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
+  return { modelDir, ggufs };
+}
+
+/** Weft's engine on `model` (a checkpoint directory or GGUF file), sized for the bench's sequences and prefill. */
+async function loadWeft(model: string, o: PeerOptions, steps: StepTotals, say: Say): Promise<LoadedModel> {
+  const config = model.endsWith(".gguf") ? ggufModelConfig(readGguf(model)) : checkpointConfig(model);
   const maxN = Math.max(...o.concurrency);
-  const m = await createModel("weft", modelDir, {
+  return createModel("weft", model, {
     ...DEFAULT_ENGINE_CONFIG, maxNumSeqs: maxN, maxNumBatchedTokens: Math.max(o.prefillLen, DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens),
-    kvCacheMemory: kvBytesPerBlock(checkpointConfig(modelDir), 32) * (Math.ceil((o.promptLen + o.outputLen) / 32) * maxN + Math.ceil(o.prefillLen / 32) + 2),
+    kvCacheMemory: kvBytesPerBlock(config, 32) * (Math.ceil((o.promptLen + o.outputLen) / 32) * maxN + Math.ceil(o.prefillLen / 32) + 2),
     enablePrefixCaching: false,
   }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
-  const vocab = m.checkpoint.config.vocab;
-  const prefillPrompt = syntheticPrompts({ numPrompts: 1, promptLen: o.prefillLen, vocab, seed: 99 })[0]!;
+}
+
+const round2 = (x: number): number => Math.round(x * 100) / 100;
+
+/** Weft's decode tok/s at `n` sequences, and the prompts used (llama.cpp gets the same). */
+async function weftDecode(m: LoadedModel, n: number, o: PeerOptions, steps: StepTotals): Promise<{ tokS: number; prompts: number[][]; outputTokS: number }> {
+  const prompts = syntheticPrompts({ numPrompts: n, promptLen: o.promptLen, vocab: m.checkpoint.config.vocab, seed: n });
+  const { timings, wall } = await runLevel(m, prompts, o.outputLen, n, steps);
+  const r = summarize(n, timings, wall, steps, 0);
+  return { tokS: r.decode_tokens_per_second ?? 0, prompts, outputTokS: r.output_tokens_per_second };
+}
+
+async function weftPrefill(m: LoadedModel, prompt: number[], steps: StepTotals): Promise<number> {
+  const pre = await runLevel(m, [prompt], 1, 1, steps);
+  return summarize(1, pre.timings, pre.wall, steps, 0).prefill_tokens_per_second ?? 0;
+}
+
+export async function peerBench(o: PeerOptions): Promise<void> {
+  if (o.quant?.length) return peerBenchQuantized(o, o.quant);
+  const say: Say = (s) => void process.stderr.write(`${s}\n`);
+  const { modelDir, ggufs: files } = benchFiles(o, say, ["f16", "bf16"]);
+  const ggufs = files as Record<GgufDType, string>;
+  const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
+  const m = await loadWeft(modelDir, o, steps, say);
+  const prefillPrompt = syntheticPrompts({ numPrompts: 1, promptLen: o.prefillLen, vocab: m.checkpoint.config.vocab, seed: 99 })[0]!;
   await runLevel(m, [prefillPrompt.slice(0, 16)], 2, 1, steps); // warm-up
 
   const rows: Record<string, unknown>[] = [];
   for (const n of o.concurrency) {
-    const prompts = syntheticPrompts({ numPrompts: n, promptLen: o.promptLen, vocab, seed: n });
     say(`concurrency ${n}: Weft…`);
-    const { timings, wall } = await runLevel(m, prompts, o.outputLen, n, steps);
-    const weft = summarize(n, timings, wall, steps, process.resourceUsage().maxRSS * 1024);
+    const weft = await weftDecode(m, n, o, steps);
     const peer: Partial<Record<GgufDType, PeerRun>> = {};
     for (const dtype of ["f16", "bf16"] as const) {
       say(`concurrency ${n}: llama.cpp ${dtype}…`);
-      peer[dtype] = await llamaDecode(ggufs[dtype], prompts, o.outputLen);
+      peer[dtype] = await llamaDecode(ggufs[dtype], weft.prompts, o.outputLen);
     }
     const best = (peer.f16!.decodeTokensPerSecond >= peer.bf16!.decodeTokensPerSecond ? "f16" : "bf16") as GgufDType;
     const calls = peer[best]!.tokensPerDecodeCall;
     const row = {
-      concurrency: n, weft_decode_tok_s: weft.decode_tokens_per_second, llama_cpp_decode_tok_s: Math.round(peer[best]!.decodeTokensPerSecond * 100) / 100,
-      llama_cpp_gguf: best, llama_cpp_f16_tok_s: Math.round(peer.f16!.decodeTokensPerSecond * 100) / 100,
-      llama_cpp_bf16_tok_s: Math.round(peer.bf16!.decodeTokensPerSecond * 100) / 100,
+      concurrency: n, weft_decode_tok_s: weft.tokS, llama_cpp_decode_tok_s: round2(peer[best]!.decodeTokensPerSecond),
+      llama_cpp_gguf: best, llama_cpp_f16_tok_s: round2(peer.f16!.decodeTokensPerSecond),
+      llama_cpp_bf16_tok_s: round2(peer.bf16!.decodeTokensPerSecond),
       llama_cpp_tokens_per_decode_call: `${Math.min(...calls)}–${Math.max(...calls)}`,
-      ratio: Math.round(((weft.decode_tokens_per_second ?? 0) / peer[best]!.decodeTokensPerSecond) * 100) / 100,
-      weft_output_tok_s: weft.output_tokens_per_second,
+      ratio: round2(weft.tokS / peer[best]!.decodeTokensPerSecond),
+      weft_output_tok_s: weft.outputTokS,
     };
     rows.push(row);
     say(JSON.stringify(row));
   }
   say(`prefill ${o.prefillLen} tokens: Weft…`);
-  const pre = await runLevel(m, [prefillPrompt], 1, 1, steps);
-  const weftPrefill = summarize(1, pre.timings, pre.wall, steps, 0).prefill_tokens_per_second ?? 0;
+  const weftPre = await weftPrefill(m, prefillPrompt, steps);
   const peerPrefill = { f16: 0, bf16: 0 };
   for (const dtype of ["f16", "bf16"] as const) {
     say(`prefill ${o.prefillLen} tokens: llama.cpp ${dtype}…`);
@@ -161,11 +195,77 @@ export async function peerBench(o: PeerOptions): Promise<void> {
     machine: machineInfo(), model: modelInfo(m.checkpoint), dtype: m.runner.info().dtype,
     workload: { prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen, note: "decode tok/s = tokens after each sequence's first / decode-phase time" },
     decode: rows,
-    prefill: { weft_tok_s: weftPrefill, llama_cpp_f16_tok_s: Math.round(peerPrefill.f16 * 100) / 100, llama_cpp_bf16_tok_s: Math.round(peerPrefill.bf16 * 100) / 100, ratio: Math.round((weftPrefill / bestPrefill) * 100) / 100 },
+    prefill: { weft_tok_s: weftPre, llama_cpp_f16_tok_s: round2(peerPrefill.f16), llama_cpp_bf16_tok_s: round2(peerPrefill.bf16), ratio: round2(weftPre / bestPrefill) },
   };
+  await unloadModel(m);
   console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores; Weft kernels ${report.machine.kernels}, dtype ${report.dtype}`);
   console.log(`model: ${o.preset} (random weights), ${report.model.weight_dtype}, ${report.model.weight_gb} GB; prompts ${o.promptLen} tokens, ${o.outputLen} generated each`);
   console.log(table(rows, Object.keys(rows[0]!)));
-  console.log(`prefill of one ${o.prefillLen}-token prompt: Weft ${weftPrefill} tok/s, llama.cpp f16 ${report.prefill.llama_cpp_f16_tok_s} / bf16 ${report.prefill.llama_cpp_bf16_tok_s} tok/s, ratio ${report.prefill.ratio}`);
+  console.log(`prefill of one ${o.prefillLen}-token prompt: Weft ${weftPre} tok/s, llama.cpp f16 ${report.prefill.llama_cpp_f16_tok_s} / bf16 ${report.prefill.llama_cpp_bf16_tok_s} tok/s, ratio ${report.prefill.ratio}`);
+  if (o.json) fs.writeFileSync(o.json, JSON.stringify(report, null, 2));
+}
+
+/**
+ * `--quant`: for each type, the preset's F16 GGUF quantized by llama.cpp's own
+ * `llama_model_quantize` (made once, kept in `o.dir`), then Weft and llama.cpp
+ * on that same file: decode at each concurrency and one prefill. Single-sequence
+ * decode is also stated as a share of the machine's read bandwidth (measured at
+ * the start): the weights a step reads × tok/s.
+ */
+async function peerBenchQuantized(o: PeerOptions, types: readonly LlamaQuantType[]): Promise<void> {
+  const say: Say = (s) => void process.stderr.write(`${s}\n`);
+  const { ggufs } = benchFiles(o, say, ["f16"]);
+  const files = types.map((type) => {
+    say(`quantizing to ${type} with llama.cpp's llama_model_quantize (once; kept in ${o.dir})…`);
+    return llamaQuantized(ggufs.f16!, type);
+  });
+  say("measuring the machine's rooflines…");
+  const rooflines = await measureRooflines();
+  const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
+  const decode: Record<string, unknown>[] = [], prefill: Record<string, unknown>[] = [];
+  let dtype = "", modelDesc: ReturnType<typeof modelInfo> | undefined;
+  for (const [i, type] of types.entries()) {
+    const file = files[i]!;
+    const m = await loadWeft(file, o, steps, say);
+    dtype = m.runner.info().dtype;
+    modelDesc = modelInfo(m.checkpoint);
+    const bytes = weightBytesPerStep(m.checkpoint, m.runner.info().dtype);
+    const bandwidthPct = (tokS: number): number => Math.round(((tokS * bytes) / (rooflines.read_gb_s * 1e9)) * 1000) / 10;
+    const prefillPrompt = syntheticPrompts({ numPrompts: 1, promptLen: o.prefillLen, vocab: m.checkpoint.config.vocab, seed: 99 })[0]!;
+    await runLevel(m, [prefillPrompt.slice(0, 16)], 2, 1, steps); // warm-up
+    for (const n of o.concurrency) {
+      say(`${type}, ${n} sequences: Weft…`);
+      const weft = await weftDecode(m, n, o, steps);
+      say(`${type}, ${n} sequences: llama.cpp…`);
+      const peer = await llamaDecode(file, weft.prompts, o.outputLen);
+      const calls = peer.tokensPerDecodeCall;
+      const row = {
+        quant: type, concurrency: n, weft_tok_s: weft.tokS, llama_cpp_tok_s: round2(peer.decodeTokensPerSecond),
+        ratio: round2(weft.tokS / peer.decodeTokensPerSecond), weight_mb_per_step: Math.round(bytes / 1e5) / 10,
+        weft_bandwidth_pct: n === 1 ? bandwidthPct(weft.tokS) : null,
+        llama_cpp_bandwidth_pct: n === 1 ? bandwidthPct(peer.decodeTokensPerSecond) : null,
+        llama_cpp_tokens_per_decode_call: `${Math.min(...calls)}–${Math.max(...calls)}`,
+      };
+      decode.push(row);
+      say(JSON.stringify(row));
+    }
+    say(`${type}, prefill ${o.prefillLen} tokens: Weft, then llama.cpp…`);
+    const weftPre = await weftPrefill(m, prefillPrompt, steps);
+    await unloadModel(m);
+    const peerPre = await llamaPrefill(file, prefillPrompt);
+    prefill.push({ quant: type, prefill_tokens: o.prefillLen, weft_tok_s: weftPre, llama_cpp_tok_s: round2(peerPre), ratio: round2(weftPre / peerPre) });
+  }
+  const report = {
+    machine: machineInfo(), rooflines, model: { preset: o.preset, ...modelDesc! }, dtype, files: Object.fromEntries(types.map((t, i) => [t, files[i]])),
+    workload: {
+      prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen,
+      note: "decode tok/s = tokens after each sequence's first / decode-phase time; bandwidth % = one sequence's tok/s × weight bytes per step / measured read bandwidth",
+    },
+    decode, prefill,
+  };
+  console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores; Weft kernels ${report.machine.kernels}, dtype ${dtype}; read bandwidth ${rooflines.read_gb_s} GB/s`);
+  console.log(`model: ${o.preset} (random weights), the same llama.cpp-quantized file for both; prompts ${o.promptLen} tokens, ${o.outputLen} generated each`);
+  console.log(table(decode, Object.keys(decode[0]!)));
+  console.log(table(prefill, Object.keys(prefill[0]!)));
   if (o.json) fs.writeFileSync(o.json, JSON.stringify(report, null, 2));
 }
