@@ -17,6 +17,7 @@
         "native/kernels_quant.cpp",
         "native/kernels_quant_avx2.cpp",
         "native/kernels_quant_vnni.cpp",
+        "native/quantize.cpp",
         "native/roofline.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

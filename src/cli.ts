@@ -16,6 +16,7 @@ import { printProfile } from "./bench/profile.js";
 import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
 import { batchBench, type BatchBenchOptions } from "./bench/batch-bench.js";
 import { exportGguf } from "./model/gguf-export.js";
+import { QUANT_RECIPES, quantizeModel, type QuantRecipe } from "./model/gguf-quantize.js";
 import { peerBench, type PeerOptions } from "./bench/peer.js";
 import fs from "node:fs";
 import path from "node:path";
@@ -89,10 +90,22 @@ program
   .requiredOption("--out <dir>", "output directory")
   .option("--dtype <dtype>", "bf16 | f16 | f32", "bf16")
   .option("--seed <s>", "weights seed", intArg("--seed"), 0)
-  .action((o: { preset: string; out: string; dtype: string; seed: number }) => {
+  .addOption(new Option("--quant <type>", "write a quantized GGUF file instead (--out FILE.gguf)").choices(QUANT_RECIPES))
+  .action((o: { preset: string; out: string; dtype: string; seed: number; quant?: QuantRecipe }) => {
     if (!["bf16", "f16", "f32"].includes(o.dtype)) throw new InvalidArgumentError("--dtype must be bf16, f16 or f32");
-    const dir = makeModel({ preset: o.preset, out: o.out, dtype: o.dtype as WeightDType, seed: o.seed });
-    console.log(`wrote ${o.preset} (random weights, ${o.dtype}) to ${dir}`);
+    if (!o.quant) {
+      const dir = makeModel({ preset: o.preset, out: o.out, dtype: o.dtype as WeightDType, seed: o.seed });
+      console.log(`wrote ${o.preset} (random weights, ${o.dtype}) to ${dir}`);
+      return;
+    }
+    if (!o.out.endsWith(".gguf")) throw new InvalidArgumentError("with --quant, --out names the .gguf file to write");
+    const tmp = fs.mkdtempSync(path.join(path.dirname(path.resolve(o.out)), ".weft-make-model-"));
+    try {
+      const r = quantizeModel(makeModel({ preset: o.preset, out: tmp, dtype: o.dtype as WeightDType, seed: o.seed }), o.out, o.quant);
+      console.log(`wrote ${o.preset} (random weights, ${o.quant}) to ${o.out}: ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s`);
+    } finally {
+      fs.rmSync(tmp, { recursive: true, force: true });
+    }
   });
 
 const collect = (v: string, all: string[]): string[] => [...all, v];
@@ -147,6 +160,19 @@ program
     if (o.dtype !== "f16" && o.dtype !== "bf16") throw new InvalidArgumentError("--dtype must be f16 or bf16");
     const r = exportGguf(o.model, o.out, o.dtype);
     console.log(`wrote ${o.out}: ${r.tensors} tensors, ${(r.bytes / 1e9).toFixed(2)} GB`);
+  });
+
+program
+  .command("quantize")
+  .description("write a model as a quantized GGUF file that llama.cpp and weft load (see docs/QUANTIZATION.md)")
+  .requiredOption("--model <path>", "a Hugging Face model directory (bf16, f16, f32) or a float GGUF file")
+  .requiredOption("--out <file>", "output .gguf file")
+  .addOption(new Option("--type <type>", "file type: the tensors' types follow llama.cpp's recipe of that name").choices(QUANT_RECIPES).makeOptionMandatory())
+  .action((o: { model: string; out: string; type: QuantRecipe }) => {
+    if (path.resolve(o.model) === path.resolve(o.out)) throw new InvalidArgumentError("--out must not be the input file");
+    const r = quantizeModel(o.model, o.out, o.type, (m) => process.stderr.write(`${m}\n`));
+    const mix = Object.entries(r.types).map(([t, n]) => `${n} ${t}`).join(", ");
+    console.log(`wrote ${o.out}: ${r.tensors} tensors (${mix}), ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s`);
   });
 
 const intList = (name: string) => (v: string): number[] => v.split(",").map((x) => intArg(name, 1)(x.trim()));
