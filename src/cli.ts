@@ -68,7 +68,7 @@ const program = new Command("weft").description("OpenAI-compatible LLM inference
 program
   .command("generate")
   .description("generate from one prompt")
-  .requiredOption("--model <dir>", "Hugging Face model directory")
+  .requiredOption("--model <spec>", "a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT (a repo's GGUF file by tag)")
   .option("--prompt <text>", "prompt text")
   .option("--prompt-ids <ids>", "prompt token ids, comma-separated")
   .option("--chat", "wrap the prompt in the model's chat template")
@@ -115,7 +115,7 @@ const serveCommand = program
   .description("serve the OpenAI-compatible API (the built-in random-weight demo model when no --model is given)")
   .option("--host <host>", "address to listen on", "127.0.0.1")
   .option("--port <port>", "port (0: any free port)", intArg("--port"), 8000)
-  .option("--model <spec>", "ID=PATH, a model directory, or a Hugging Face repo id (repeatable)", collect, [])
+  .option("--model <spec>", "ID=PATH, a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT (a repo's GGUF file by tag, e.g. Qwen/Qwen3-0.6B-GGUF:Q8_0) (repeatable)", collect, [])
   .option("--db <path>", "SQLite database of API keys", DEFAULT_DB_PATH)
   .option("--api-key <key>", "also accept this key (and require a key on /v1)")
   .option("--protect-metrics", "require an API key on /metrics")
@@ -180,7 +180,7 @@ const bench = program.command("bench").description("measure throughput and laten
 bench
   .command("offline", { isDefault: true })
   .description("the engine in-process (the default: `weft bench --model DIR ...`)")
-  .requiredOption("--model <dir>", "model directory")
+  .requiredOption("--model <spec>", "a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT")
   .option("--concurrency <list>", "concurrency levels", intList("--concurrency"), [1, 4, 16, 32])
   .option("--num-prompts <n>", "requests per level", intArg("--num-prompts", 1), 32)
   .option("--prompt-len <n>", "prompt tokens (random ids); absent: the built-in prompt set", intArg("--prompt-len", 1))
@@ -224,7 +224,7 @@ bench
 bench
   .command("profile")
   .description("where a step's time goes: decode at several batch sizes, and one prefill")
-  .requiredOption("--model <dir>", "model directory")
+  .requiredOption("--model <spec>", "a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT")
   .option("--batch <list>", "decode batch sizes", intList("--batch"), [1, 16, 32])
   .option("--context <n>", "cached tokens per decoding sequence", intArg("--context"), 128)
   .option("--prefill <n>", "prompt tokens of the prefill case (0: skip)", intArg("--prefill"), 512)
