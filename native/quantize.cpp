@@ -31,44 +31,54 @@ inline void putHalf(uint8_t* p, float v) {
   std::memcpy(p, &h, 2);
 }
 
+// v rounded to the nearest integer in [lo, hi] (ties to even), as a float: for integer
+// bounds clamping first gives the same result, and adding 1.5·2^23 leaves no fraction
+// bits. Plain float operations, so that the search loops vectorize.
+inline float roundClamp(float v, float lo, float hi) {
+  v = std::min(std::max(v, lo), hi);
+  return (v + 12582912.f) - 12582912.f;
+}
+
+// How widely fitSymmetric searches: the extreme value onto qmin only, or onto
+// either end, and how many candidates (steps of a tenth of a level) around each.
+struct Search {
+  int below, above;  // candidates qmin + 0.1·k, k ∈ [−below, above] (and qmax − 0.1·k)
+  bool bothEnds;
+};
+constexpr Search kWide{5, 10, true}, kNarrow{4, 6, false}, kNone{0, 0, true};
+
 // x ≈ s·q with q ∈ [qmin, qmax]: the s with the least squared error among the
-// candidate roundings, and its rounding in L. `search` = false tries only the
-// extreme value onto qmin (enough for 8 bits, where the search gains 3 %).
-float fitSymmetric(const float* x, int n, int qmin, int qmax, int8_t* L, bool search = true) {
-  float amax = 0, peak = 0;
-  for (int i = 0; i < n; i++)
+// candidate roundings of `search`, then refined by re-rounding.
+float fitSymmetric(const float* x, int n, int qmin, int qmax, Search search) {
+  float amax = 0, peak = 0, sxx = 0;
+  for (int i = 0; i < n; i++) {
     if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), peak = x[i];
-  if (amax == 0) {
-    std::fill(L, L + n, 0);
-    return 0;
+    sxx += x[i] * x[i];
   }
-  float bestErr = std::numeric_limits<float>::infinity(), best = 0;
-  int8_t trial[256];
-  // Rounds x with scale s, fits the scale to that rounding; keeps it if it is the best so far.
+  if (amax == 0) return 0;
+  const float lo = static_cast<float>(qmin), hi = static_cast<float>(qmax);
+  double bestErr = std::numeric_limits<double>::infinity();
+  float best = 0;
+  // Rounds x with scale s, fits the scale to that rounding (Σxq / Σq²); keeps the best.
   auto tryScale = [&](float s) {
     const float inv = 1 / s;
-    if (!(s != 0) || !std::isfinite(s) || !std::isfinite(inv)) return;
-    double sxq = 0, sqq = 0, sxx = 0;
+    if (!(s != 0) || !std::isfinite(inv)) return;
+    float sxq = 0, sqq = 0;
+#pragma omp simd reduction(+ : sxq, sqq)
     for (int i = 0; i < n; i++) {
-      const int q = clampInt(roundInt(x[i] * inv), qmin, qmax);
-      trial[i] = static_cast<int8_t>(q);
-      sxq += static_cast<double>(x[i]) * q;
-      sqq += static_cast<double>(q) * q;
-      sxx += static_cast<double>(x[i]) * x[i];
+      const float q = roundClamp(x[i] * inv, lo, hi);
+      sxq += x[i] * q;
+      sqq += q * q;
     }
     if (sqq == 0) return;
-    const float err = static_cast<float>(sxx - sxq * sxq / sqq);
-    if (err < bestErr) {
-      bestErr = err;
-      best = static_cast<float>(sxq / sqq);
-      std::memcpy(L, trial, n);
-    }
+    const double err = sxx - static_cast<double>(sxq) * sxq / sqq;
+    if (err < bestErr) bestErr = err, best = sxq / sqq;
   };
   // The extreme value onto either end of the range (qmin is the longer end), or up to
   // a level inside or half a level outside it.
-  for (int k = search ? -5 : 0; k <= (search ? 10 : 0); k++) {
+  for (int k = -search.below; k <= search.above; k++) {
     tryScale(peak / (qmin + 0.1f * k));
-    tryScale(peak / (qmax - 0.1f * k));
+    if (search.bothEnds) tryScale(peak / (qmax - 0.1f * k));
   }
   for (int it = 0; it < 2; it++) tryScale(best);
   return best;
@@ -76,34 +86,36 @@ float fitSymmetric(const float* x, int n, int qmin, int qmax, int8_t* L, bool se
 
 // x ≈ a·q − m with q ∈ [0, qmax], a ≥ 0, m ≥ 0 (the range always holds 0, as ggml's K-quants do).
 void fitAffine(const float* x, int n, int qmax, float& a, float& m) {
-  float lo = 0, hi = x[0];
-  for (int i = 0; i < n; i++) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  float lo = 0, hi = x[0], sx = 0, sxx = 0;
+  for (int i = 0; i < n; i++) {
+    lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+    sx += x[i], sxx += x[i] * x[i];
+  }
   a = 0;
   m = -lo;
   if (hi <= lo) return;
-  float bestErr = std::numeric_limits<float>::infinity();
-  int q[256];
-  auto tryScale = [&](float scale, float base) {  // x ≈ scale·q + base
+  const float top = static_cast<float>(qmax);
+  double bestErr = std::numeric_limits<double>::infinity();
+  // Rounds x for x ≈ scale·q + base, fits a and b to that rounding by least squares
+  // (b ≤ 0); keeps the best by Σ(x − a·q − b)², expanded in the sums.
+  auto tryScale = [&](float scale, float base) {
     const float inv = 1 / scale;
     if (!(scale > 0) || !std::isfinite(inv)) return;
-    double sq = 0, sqq = 0, sx = 0, sxq = 0;
+    float sq = 0, sqq = 0, sxq = 0;
+#pragma omp simd reduction(+ : sq, sqq, sxq)
     for (int i = 0; i < n; i++) {
-      q[i] = clampInt(roundInt((x[i] - base) * inv), 0, qmax);
-      sq += q[i];
-      sqq += static_cast<double>(q[i]) * q[i];
-      sx += x[i];
-      sxq += static_cast<double>(x[i]) * q[i];
+      const float q = roundClamp((x[i] - base) * inv, 0.f, top);
+      sq += q;
+      sqq += q * q;
+      sxq += x[i] * q;
     }
-    const double det = n * sqq - sq * sq;
+    const double det = static_cast<double>(n) * sqq - static_cast<double>(sq) * sq;
     if (det <= 0) return;
-    double fa = (n * sxq - sq * sx) / det, fb = (sqq * sx - sq * sxq) / det;
-    if (fb > 0) fb = 0, fa = sxq / sqq;  // the min may not go above zero
+    double fa = (n * static_cast<double>(sxq) - static_cast<double>(sq) * sx) / det;
+    double fb = (static_cast<double>(sqq) * sx - static_cast<double>(sq) * sxq) / det;
+    if (fb > 0) fb = 0, fa = static_cast<double>(sxq) / sqq;  // the min may not go above zero
     if (!(fa > 0)) return;
-    float err = 0;
-    for (int i = 0; i < n; i++) {
-      const float e = x[i] - static_cast<float>(fa * q[i] + fb);
-      err += e * e;
-    }
+    const double err = sxx - 2 * fa * sxq - 2 * fb * sx + fa * fa * sqq + 2 * fa * fb * sq + n * fb * fb;
     if (err < bestErr) bestErr = err, a = static_cast<float>(fa), m = static_cast<float>(-fb);
   };
   for (int k = -10; k <= 10; k++) tryScale((hi - lo) / (qmax + 0.1f * k), lo);
@@ -111,16 +123,14 @@ void fitAffine(const float* x, int n, int qmax, float& a, float& m) {
 }
 
 void blockQ8_0(const float* x, uint8_t* out) {
-  int8_t L[32];
-  const float d = half(fitSymmetric(x, 32, -127, 127, L, false));
+  const float d = half(fitSymmetric(x, 32, -127, 127, kNone));
   const float inv = d != 0 ? 1 / d : 0;
   putHalf(out, d);
   for (int i = 0; i < 32; i++) out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(clampInt(roundInt(x[i] * inv), -127, 127)));
 }
 
 void blockQ4_0(const float* x, uint8_t* out) {
-  int8_t L[32];
-  const float d = half(fitSymmetric(x, 32, -8, 7, L));
+  const float d = half(fitSymmetric(x, 32, -8, 7, kWide));
   const float inv = d != 0 ? 1 / d : 0;
   putHalf(out, d);
   for (int i = 0; i < 16; i++) {
@@ -197,10 +207,9 @@ void blockQ45K(const float* x, uint8_t* out, bool five) {
 // Q6_K: 16 sub-blocks of 16, x ≈ d·sc·q with int8 sc and q ∈ [−32, 31].
 void blockQ6K(const float* x, uint8_t* out) {
   float s[16];
-  int8_t L[16];
   float peak = 0;
   for (int k = 0; k < 16; k++) {
-    s[k] = fitSymmetric(x + 16 * k, 16, -32, 31, L);
+    s[k] = fitSymmetric(x + 16 * k, 16, -32, 31, kNarrow);
     if (std::fabs(s[k]) > std::fabs(peak)) peak = s[k];
   }
   float d = half(peak / -128);
