@@ -91,7 +91,9 @@ function encode(s: Source, type: GgmlType): Uint8Array {
         try {
           parts.push(loadNative().quantizeWeights(type.toLowerCase() as QuantizeType, values, cols));
         } catch (e) {
-          throw new CheckpointError(s.file, `cannot quantize to ${type}: ${(e as Error).message}`, s.name);
+          // The addon counts rows within this chunk.
+          const msg = (e as Error).message.replace(/of row (\d+)/, (_, r: string) => `of row ${Number(r) + r0}`);
+          throw new CheckpointError(s.file, `cannot quantize to ${type}: ${msg}`, s.name);
         }
       }
     }
