@@ -32,7 +32,7 @@ export function fileHasTag(file: string, tag: string): boolean {
 export function quantTags(files: string[]): string[] {
   const tags = new Set<string>();
   for (const f of files) {
-    const m = /(?:^|[-_.])(i?q\d+(?:_[a-z0-9]+)*|bf16|f16|f32)(?=$|[-.])/i.exec(path.basename(f).replace(/\.gguf$/i, ""));
+    const m = /(?:^|[-_.])(i?q\d+(?:_[a-z0-9]+)*|bf16|fp?16|fp?32)(?=$|[-.])/i.exec(path.basename(f).replace(/\.gguf$/i, ""));
     if (m) tags.add(m[1]!.toUpperCase());
   }
   return [...tags].sort();
