@@ -62,13 +62,30 @@ interface Source {
 
 const NATIVE_FLOAT: Record<string, Source["type"]> = { f32: "F32", f16: "F16", bf16: "BF16" };
 
-/** Rows [r0, r1) of the tensor as float32 (the whole tensor when its rows are permuted). */
+/** Scratch for one chunk, reused: fresh buffers of many MB per chunk would leave the work to the GC. */
+let scratchBytes = new Uint8Array(0);
+let scratchValues = new Float32Array(0);
+
+/**
+ * Rows [r0, r1) of the tensor as float32 (the whole tensor when its rows are permuted), in scratch
+ * memory that the next call reuses.
+ */
 function readRows(fd: number, s: Source, r0: number, r1: number): Float32Array {
-  const cols = s.shape[s.shape.length - 1]!;
+  const cols = s.shape[s.shape.length - 1]!, n = (r1 - r0) * cols;
   const elem = GGML_TYPES[s.type].blockBytes;
-  const bytes = new Uint8Array((r1 - r0) * cols * elem);
+  if (scratchBytes.length < n * 4) scratchBytes = new Uint8Array(n * 4);
+  const bytes = scratchBytes.subarray(0, n * elem);
   fs.readSync(fd, bytes, 0, bytes.length, s.offset + r0 * cols * elem);
-  const values = dequantize(s.type, bytes, (r1 - r0) * cols);
+  let values: Float32Array;
+  if (s.type === "F32") values = new Float32Array(bytes.buffer, 0, n);
+  else if (s.type === "F16") values = dequantize("F16", bytes, n);
+  else {
+    // bf16 is the top half of a float32.
+    if (scratchValues.length < n) scratchValues = new Float32Array(n);
+    values = scratchValues.subarray(0, n);
+    const half = new Uint16Array(bytes.buffer, 0, n), bits = new Uint32Array(values.buffer, 0, n);
+    for (let i = 0; i < n; i++) bits[i] = half[i]! << 16;
+  }
   if (!s.permuteHeads) return values;
   const p = permuteRows(Buffer.from(values.buffer, values.byteOffset, values.byteLength), s.shape[0]!, cols, s.permuteHeads, 4);
   return new Float32Array(p.buffer, p.byteOffset, values.length);
@@ -86,7 +103,7 @@ function encode(s: Source, type: GgmlType): Uint8Array {
   try {
     for (let r0 = 0; r0 < rows; r0 += step) {
       const values = readRows(fd, s, r0, Math.min(rows, r0 + step));
-      if (type === "F32" || type === "F16" || type === "BF16") parts.push(encodeFloats(values, type === "F32" ? "f32" : type === "F16" ? "f16" : "bf16"));
+      if (type === "F32" || type === "F16" || type === "BF16") parts.push(Buffer.from(encodeFloats(values, type === "F32" ? "f32" : type === "F16" ? "f16" : "bf16")));
       else {
         try {
           parts.push(loadNative().quantizeWeights(type.toLowerCase() as QuantizeType, values, cols));
