@@ -8,6 +8,7 @@
 #include "mlx_quant.h"
 #include "model.h"
 #include "quant.h"
+#include "quantize.h"
 #include "roofline.h"
 
 namespace weft {
@@ -470,9 +471,33 @@ Napi::Value loadModel(const Napi::CallbackInfo& info) {
   return p;
 }
 
+// quantizeWeights(type, values, cols): the rows of `values` (cols each) as ggml blocks of
+// `type` ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k"). Synchronous: it is for the CLI's quantizer.
+Napi::Value quantizeWeightsJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    if (!info[0].IsString() || !info[1].IsTypedArray() || info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array || !info[2].IsNumber())
+      throw std::invalid_argument("quantizeWeights(type, Float32Array, cols)");
+    const DType d = dtypeFromName(info[0].As<Napi::String>());
+    if (!canQuantize(d)) throw std::invalid_argument("quantizeWeights: cannot write " + info[0].As<Napi::String>().Utf8Value());
+    auto x = info[1].As<Napi::Float32Array>();
+    const int64_t cols = info[2].As<Napi::Number>().Int64Value();
+    if (cols <= 0 || x.ElementLength() % static_cast<size_t>(cols) != 0) throw std::invalid_argument("quantizeWeights: the values are not whole rows");
+    const int64_t rows = static_cast<int64_t>(x.ElementLength()) / cols;
+    if (cols % blockElems(d) != 0)
+      throw std::invalid_argument("row length " + std::to_string(cols) + " is not a multiple of the block size " + std::to_string(blockElems(d)));
+    auto out = Napi::Uint8Array::New(env, tensorBytes(d, static_cast<size_t>(rows), static_cast<size_t>(cols)));
+    quantizeWeights(d, x.Data(), rows, cols, out.Data());
+    return out;
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+}
+
 Napi::Object init(Napi::Env env, Napi::Object exports) {
   env.SetInstanceData(new Napi::FunctionReference(Napi::Persistent(ModelWrap::define(env))));
   exports.Set("loadModel", Napi::Function::New(env, loadModel));
+  exports.Set("quantizeWeights", Napi::Function::New(env, quantizeWeightsJs));
   exports.Set("isa", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
     try {
       return Napi::String::New(info.Env(), activeKernels().name);

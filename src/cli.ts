@@ -16,6 +16,7 @@ import { printProfile } from "./bench/profile.js";
 import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
 import { batchBench, type BatchBenchOptions } from "./bench/batch-bench.js";
 import { exportGguf } from "./model/gguf-export.js";
+import { QUANT_RECIPES, quantizeModel, type QuantRecipe } from "./model/gguf-quantize.js";
 import { peerBench, type PeerOptions } from "./bench/peer.js";
 import { isLlamaQuantType, LLAMA_FTYPES, type LlamaQuantType } from "./bench/llama-quantize.js";
 import fs from "node:fs";
@@ -68,7 +69,7 @@ const program = new Command("weft").description("OpenAI-compatible LLM inference
 program
   .command("generate")
   .description("generate from one prompt")
-  .requiredOption("--model <dir>", "Hugging Face model directory")
+  .requiredOption("--model <spec>", "a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT (a repo's GGUF file by tag)")
   .option("--prompt <text>", "prompt text")
   .option("--prompt-ids <ids>", "prompt token ids, comma-separated")
   .option("--chat", "wrap the prompt in the model's chat template")
@@ -90,10 +91,22 @@ program
   .requiredOption("--out <dir>", "output directory")
   .option("--dtype <dtype>", "bf16 | f16 | f32", "bf16")
   .option("--seed <s>", "weights seed", intArg("--seed"), 0)
-  .action((o: { preset: string; out: string; dtype: string; seed: number }) => {
+  .addOption(new Option("--quant <type>", "write a quantized GGUF file instead (--out FILE.gguf)").choices(QUANT_RECIPES))
+  .action((o: { preset: string; out: string; dtype: string; seed: number; quant?: QuantRecipe }) => {
     if (!["bf16", "f16", "f32"].includes(o.dtype)) throw new InvalidArgumentError("--dtype must be bf16, f16 or f32");
-    const dir = makeModel({ preset: o.preset, out: o.out, dtype: o.dtype as WeightDType, seed: o.seed });
-    console.log(`wrote ${o.preset} (random weights, ${o.dtype}) to ${dir}`);
+    if (!o.quant) {
+      const dir = makeModel({ preset: o.preset, out: o.out, dtype: o.dtype as WeightDType, seed: o.seed });
+      console.log(`wrote ${o.preset} (random weights, ${o.dtype}) to ${dir}`);
+      return;
+    }
+    if (!o.out.endsWith(".gguf")) throw new InvalidArgumentError("with --quant, --out names the .gguf file to write");
+    const tmp = fs.mkdtempSync(path.join(path.dirname(path.resolve(o.out)), ".weft-make-model-"));
+    try {
+      const r = quantizeModel(makeModel({ preset: o.preset, out: tmp, dtype: o.dtype as WeightDType, seed: o.seed }), o.out, o.quant);
+      console.log(`wrote ${o.preset} (random weights, ${o.quant}) to ${o.out}: ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s`);
+    } finally {
+      fs.rmSync(tmp, { recursive: true, force: true });
+    }
   });
 
 const collect = (v: string, all: string[]): string[] => [...all, v];
@@ -103,7 +116,7 @@ const serveCommand = program
   .description("serve the OpenAI-compatible API (the built-in random-weight demo model when no --model is given)")
   .option("--host <host>", "address to listen on", "127.0.0.1")
   .option("--port <port>", "port (0: any free port)", intArg("--port"), 8000)
-  .option("--model <spec>", "ID=PATH, a model directory, or a Hugging Face repo id (repeatable)", collect, [])
+  .option("--model <spec>", "ID=PATH, a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT (a repo's GGUF file by tag, e.g. Qwen/Qwen3-0.6B-GGUF:Q8_0) (repeatable)", collect, [])
   .option("--db <path>", "SQLite database of API keys", DEFAULT_DB_PATH)
   .option("--api-key <key>", "also accept this key (and require a key on /v1)")
   .option("--protect-metrics", "require an API key on /metrics")
@@ -151,6 +164,19 @@ program
     console.log(`wrote ${o.out}: ${r.tensors} tensors, ${(r.bytes / 1e9).toFixed(2)} GB`);
   });
 
+program
+  .command("quantize")
+  .description("write a model as a quantized GGUF file that llama.cpp and weft load (see docs/QUANTIZATION.md)")
+  .requiredOption("--model <path>", "a Hugging Face model directory (bf16, f16, f32) or a float GGUF file")
+  .requiredOption("--out <file>", "output .gguf file")
+  .addOption(new Option("--type <type>", "file type: the tensors' types follow llama.cpp's recipe of that name").choices(QUANT_RECIPES).makeOptionMandatory())
+  .action((o: { model: string; out: string; type: QuantRecipe }) => {
+    if (path.resolve(o.model) === path.resolve(o.out)) throw new InvalidArgumentError("--out must not be the input file");
+    const r = quantizeModel(o.model, o.out, o.type, (m) => process.stderr.write(`${m}\n`));
+    const mix = Object.entries(r.types).map(([t, n]) => `${n} ${t}`).join(", ");
+    console.log(`wrote ${o.out}: ${r.tensors} tensors (${mix}), ${(r.bytes / 1e9).toFixed(2)} GB in ${r.seconds.toFixed(1)} s`);
+  });
+
 const intList = (name: string) => (v: string): number[] => v.split(",").map((x) => intArg(name, 1)(x.trim()));
 const quantList = (v: string): LlamaQuantType[] => v.split(",").map((x) => {
   const t = x.trim().toLowerCase();
@@ -161,7 +187,7 @@ const bench = program.command("bench").description("measure throughput and laten
 bench
   .command("offline", { isDefault: true })
   .description("the engine in-process (the default: `weft bench --model DIR ...`)")
-  .requiredOption("--model <dir>", "model directory")
+  .requiredOption("--model <spec>", "a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT")
   .option("--concurrency <list>", "concurrency levels", intList("--concurrency"), [1, 4, 16, 32])
   .option("--num-prompts <n>", "requests per level", intArg("--num-prompts", 1), 32)
   .option("--prompt-len <n>", "prompt tokens (random ids); absent: the built-in prompt set", intArg("--prompt-len", 1))
@@ -205,7 +231,7 @@ bench
 bench
   .command("profile")
   .description("where a step's time goes: decode at several batch sizes, and one prefill")
-  .requiredOption("--model <dir>", "model directory")
+  .requiredOption("--model <spec>", "a model directory, a .gguf file, a Hugging Face repo id, or org/repo:QUANT")
   .option("--batch <list>", "decode batch sizes", intList("--batch"), [1, 16, 32])
   .option("--context <n>", "cached tokens per decoding sequence", intArg("--context"), 128)
   .option("--prefill <n>", "prompt tokens of the prefill case (0: skip)", intArg("--prefill"), 512)

@@ -11,6 +11,7 @@ import { machineInfo, measureRooflines, modelInfo, rooflineShare, type RooflineS
 import { attributeStep, speedup, summarize, table, type BenchResult, type RequestTiming, type StepTotals } from "./stats.js";
 import type { ComputeDtype } from "../runtime/native.js";
 import { builtinPrompts, syntheticPrompts } from "./workload.js";
+import { resolveModelSource } from "../model/registry.js";
 
 export interface OfflineBenchOptions {
   model: string;
@@ -75,7 +76,7 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
   const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
   const levels = o.mode === "compare" ? [1, o.numPrompts] : o.concurrency;
   const maxSeqs = Math.max(...levels);
-  const m = await createModel("bench", o.model, {
+  const m = await createModel("bench", await resolveModelSource(o.model, { log: say }), {
     ...DEFAULT_ENGINE_CONFIG, maxNumSeqs: maxSeqs, kvCacheMemory: o.kvCacheMemory ?? DEFAULT_ENGINE_CONFIG.kvCacheMemory,
     maxNumBatchedTokens: o.maxNumBatchedTokens ?? DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens,
     // Compare mode queues every prompt at once, from one tenant at NORMAL priority.

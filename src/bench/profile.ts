@@ -8,6 +8,7 @@ import { ModelRunner, resolveDtype, resolveKvCacheDtype, type RunnerSequence } f
 import { loadNative, type ComputeDtype, type KvCacheDtype } from "../runtime/native.js";
 import { defaultSamplingParams } from "../engine/sampling-params.js";
 import { table } from "./stats.js";
+import { resolveModelSource } from "../model/registry.js";
 
 export interface ProfileOptions {
   model: string;
@@ -35,7 +36,7 @@ export interface ProfileRow extends Record<string, unknown> {
 }
 
 export async function profileSteps(o: ProfileOptions): Promise<ProfileRow[]> {
-  const ckpt = loadCheckpoint(o.model);
+  const ckpt = loadCheckpoint(await resolveModelSource(o.model, { log: (m) => void process.stderr.write(`${m}\n`) }));
   const blockSize = 32;
   const maxB = Math.max(...o.batch);
   const perSeq = Math.ceil((Math.max(o.context + o.steps + 1, o.prefill)) / blockSize);

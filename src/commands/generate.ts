@@ -2,6 +2,7 @@
 import { createModel, DEFAULT_ENGINE_CONFIG } from "../engine/engine-manager.js";
 import { defaultSamplingParams } from "../engine/sampling-params.js";
 import type { EngineConfig } from "../engine/engine-config.js";
+import { resolveModelSource } from "../model/registry.js";
 
 export interface GenerateOptions {
   dtype?: EngineConfig["dtype"];
@@ -21,8 +22,9 @@ export interface GenerateOptions {
 
 export async function generate(o: GenerateOptions): Promise<void> {
   if ((o.prompt === undefined) === (o.promptIds === undefined)) throw new Error("give exactly one of --prompt and --prompt-ids");
-  const m = await createModel("cli", o.model, { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1, dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype },
-    { log: (msg) => process.stderr.write(`${msg}\n`) });
+  const log = (msg: string): void => void process.stderr.write(`${msg}\n`);
+  const m = await createModel("cli", await resolveModelSource(o.model, { log }), { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1, dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype },
+    { log });
   let promptIds: number[];
   if (o.promptIds !== undefined) {
     promptIds = o.promptIds.split(",").map((s) => Number(s.trim()));

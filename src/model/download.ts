@@ -40,19 +40,34 @@ class ProgressBar {
   }
 }
 
-export async function downloadModel(repo: string, o: DownloadOptions = {}): Promise<string> {
-  const revision = o.revision ?? "main";
+/** The hub address, token and credentials `@huggingface/hub` calls take. */
+function hubCreds(repo: string, o: DownloadOptions): { repo: string; hubUrl: string; accessToken?: string } {
   const hubUrl = o.hubUrl ?? process.env.HF_ENDPOINT ?? "https://huggingface.co";
   const accessToken = o.token ?? process.env.HF_TOKEN;
-  const creds = { repo, hubUrl, ...(accessToken ? { accessToken } : {}) };
+  return { repo, hubUrl, ...(accessToken ? { accessToken } : {}) };
+}
+
+/** Every file path in the repo at `o.revision` (default main). */
+export async function listRepoFiles(repo: string, o: DownloadOptions = {}): Promise<string[]> {
+  const files: string[] = [];
+  for await (const entry of listFiles({ ...hubCreds(repo, o), revision: o.revision ?? "main", recursive: true })) {
+    if (entry.type === "file") files.push(entry.path);
+  }
+  return files;
+}
+
+export async function downloadModel(repo: string, o: DownloadOptions = {}): Promise<string> {
+  const files = (await listRepoFiles(repo, o)).filter((f) => WANTED.test(f));
+  if (!files.includes("config.json")) throw new Error(`${repo}@${o.revision ?? "main"} has no config.json`);
+  return downloadFiles(repo, files, o);
+}
+
+/** Downloads `files` of the repo (those not cached yet) into its snapshot, with progress; returns the snapshot directory. */
+export async function downloadFiles(repo: string, files: string[], o: DownloadOptions = {}): Promise<string> {
+  const revision = o.revision ?? "main";
+  const creds = hubCreds(repo, o);
   const progress = o.progress ?? process.stderr;
   const storage = repoCacheDir(repo, o.cacheDir ?? hubCacheDir());
-
-  const files: string[] = [];
-  for await (const entry of listFiles({ ...creds, revision, recursive: true })) {
-    if (entry.type === "file" && WANTED.test(entry.path)) files.push(entry.path);
-  }
-  if (!files.includes("config.json")) throw new Error(`${repo}@${revision} has no config.json`);
   const infos = await pathsInfo({ ...creds, revision, paths: files, expand: true });
   const commit = infos.find((i) => i.lastCommit)?.lastCommit?.id ?? revision;
   const snapshot = path.join(storage, "snapshots", commit);

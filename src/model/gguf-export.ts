@@ -100,15 +100,20 @@ function convert(t: NativeTensor, to: "f32" | GgufDType): Buffer {
     if (t.dtype === "bf16") { const bits = new Uint32Array(values.buffer); for (let i = 0; i < n; i++) bits[i] = h[i]! << 16; }
     else for (let i = 0; i < n; i++) values[i] = f16ToF32(h[i]!);
   }
-  if (to === "f32") return Buffer.from(values.buffer);
-  const out = new Uint16Array(n);
-  if (to === "bf16") { const bits = new Uint32Array(values.buffer); for (let i = 0; i < n; i++) out[i] = (bits[i]! + 0x8000) >>> 16; }
+  return encodeFloats(values, to);
+}
+
+/** float32 values as `to` (bf16 and f16 rounded to nearest, f16 subnormals flushed to zero). */
+export function encodeFloats(values: Float32Array, to: "f32" | GgufDType): Buffer {
+  if (to === "f32") return Buffer.from(values.buffer, values.byteOffset, values.byteLength);
+  const n = values.length, out = new Uint16Array(n);
+  if (to === "bf16") { const bits = new Uint32Array(values.buffer, values.byteOffset, n); for (let i = 0; i < n; i++) out[i] = (bits[i]! + 0x8000) >>> 16; }
   else for (let i = 0; i < n; i++) out[i] = f32ToF16(values[i]!);
   return Buffer.from(out.buffer);
 }
 
 /** Llama-arch GGUFs use interleaved rope: permute q/k rows from HF's rotate-half order (as llama.cpp's converter does). */
-function permuteRows(data: Buffer, rows: number, cols: number, heads: number, elem: number): Buffer {
+export function permuteRows(data: Buffer, rows: number, cols: number, heads: number, elem: number): Buffer {
   const out = Buffer.alloc(data.length);
   const hd = rows / heads, half = hd / 2, rowBytes = cols * elem;
   for (let h = 0; h < heads; h++)
@@ -173,7 +178,15 @@ export function tokenizerMeta(dir: string, vocabSize: number, arch: string): Met
   return meta;
 }
 
-export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f16"): { tensors: number; bytes: number } {
+/** A checkpoint tensor under its GGUF name; `permuteHeads`: the llama q/k rows to permute, in that many heads. */
+export interface CheckpointGgufTensor {
+  name: string;
+  tensor: NativeTensor;
+  permuteHeads: number | null;
+}
+
+/** A checkpoint as GGUF sees it: the metadata (model and tokenizer, no general.file_type) and the tensors by llama.cpp's names. */
+export function checkpointGgufPlan(modelDir: string): { arch: string; layers: number; meta: Meta[]; tensors: CheckpointGgufTensor[] } {
   const ck = loadCheckpoint(modelDir);
   if (ck.quantization) throw new CheckpointError(modelDir, `export-gguf reads float checkpoints; this one is quantized (${ck.quantization})`);
   const c = ck.config;
@@ -199,28 +212,34 @@ export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f1
   if (c.eosTokenIds[0] !== undefined) meta.push(["tokenizer.ggml.eos_token_id", "u32", c.eosTokenIds[0]]);
 
   const w = ck.weights;
-  const list: [string, NativeTensor, "q" | "k" | null][] = [["token_embd.weight", w.embed, null], ["output_norm.weight", w.finalNorm, null]];
+  const list: [string, NativeTensor, number | null][] = [["token_embd.weight", w.embed, null], ["output_norm.weight", w.finalNorm, null]];
   if (w.lmHead !== w.embed) list.push(["output.weight", w.lmHead, null]);
+  const [qHeads, kHeads] = arch === "llama" ? [c.heads, c.kvHeads] : [null, null];
   w.layers.forEach((l, i) => {
     const b = `blk.${i}.`;
-    list.push([`${b}attn_norm.weight`, l.attnNorm, null], [`${b}attn_q.weight`, l.wq, "q"], [`${b}attn_k.weight`, l.wk, "k"],
+    list.push([`${b}attn_norm.weight`, l.attnNorm, null], [`${b}attn_q.weight`, l.wq, qHeads], [`${b}attn_k.weight`, l.wk, kHeads],
       [`${b}attn_v.weight`, l.wv, null], [`${b}attn_output.weight`, l.wo, null], [`${b}ffn_norm.weight`, l.mlpNorm, null],
       [`${b}ffn_gate.weight`, l.gate, null], [`${b}ffn_up.weight`, l.up, null], [`${b}ffn_down.weight`, l.down, null]);
     if (l.bq && l.bk && l.bv) list.push([`${b}attn_q.bias`, l.bq, null], [`${b}attn_k.bias`, l.bk, null], [`${b}attn_v.bias`, l.bv, null]);
     if (l.qNorm && l.kNorm) list.push([`${b}attn_q_norm.weight`, l.qNorm, null], [`${b}attn_k_norm.weight`, l.kNorm, null]);
   });
-  const tensors = list.map(([name, t, perm]): GgufTensorOut => {
+  return { arch, layers: c.layers, meta, tensors: list.map(([name, tensor, permuteHeads]) => ({ name, tensor, permuteHeads })) };
+}
+
+export function exportGguf(modelDir: string, out: string, dtype: GgufDType = "f16"): { tensors: number; bytes: number } {
+  const plan = checkpointGgufPlan(modelDir);
+  const tensors = plan.tensors.map(({ name, tensor: t, permuteHeads }): GgufTensorOut => {
     const type = t.shape.length === 1 ? "F32" : dtype === "f16" ? "F16" : "BF16";
     return {
       name, type, shape: t.shape,
       data: () => {
         const data = convert(t, type === "F32" ? "f32" : dtype);
-        return arch === "llama" && perm ? permuteRows(data, t.shape[0]!, t.shape[1]!, perm === "q" ? c.heads : c.kvHeads, 2) : data;
+        return permuteHeads ? permuteRows(data, t.shape[0]!, t.shape[1]!, permuteHeads, 2) : data;
       },
     };
   });
-  writeGguf(out, meta, tensors);
-  return { tensors: list.length, bytes: fs.statSync(out).size };
+  writeGguf(out, plan.meta, tensors);
+  return { tensors: tensors.length, bytes: fs.statSync(out).size };
 }
 
 /** One tensor to write: its row-major shape, and its data in `type`'s encoding, produced when it is written. */

@@ -50,6 +50,8 @@ export interface Gguf {
   /** Absolute offset of the tensor data section. */
   dataOffset: number;
   metadata: Map<string, GgufValue>;
+  /** Each metadata key's value type, so the metadata can be written again as it was. */
+  metadataTypes: Map<string, GgufValueType>;
   tensors: Map<string, GgufTensor>;
 }
 
@@ -126,13 +128,19 @@ function safeOrBig(v: bigint): number | bigint {
   return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(v) : v;
 }
 
-function readValue(r: HeaderReader, type: number, what: string, file: string): GgufValue {
+/** A metadata value's GGUF type: a scalar's name (`u32`, `str`, ...), or an array's item type plus "s" (`strs`, `arrs`). */
+export type GgufValueType = keyof typeof V | `${keyof typeof V}s`;
+
+const V_NAMES = Object.keys(V) as (keyof typeof V)[];
+
+function readValue(r: HeaderReader, type: number, what: string, file: string, onItemType?: (t: number) => void): GgufValue {
   if (type !== V.arr) {
     if (type > V.f64) throw new CheckpointError(file, `metadata ${what} has unknown value type ${type}`);
     return readScalar(r, type, what);
   }
   const itemType = r.u32(`${what} item type`);
   if (itemType > V.f64) throw new CheckpointError(file, `metadata ${what} is an array of unknown value type ${itemType}`);
+  onItemType?.(itemType);
   const n = r.size(`${what} array length`);
   if (n > r.fileSize) throw new CheckpointError(file, `metadata ${what} claims ${n} items, more than the file's bytes`);
   const out: GgufValue[] = new Array<GgufValue>(n);
@@ -201,10 +209,14 @@ export function readGguf(file: string): Gguf {
     const nTensors = r.size("tensor count");
     const nKv = r.size("metadata count");
     const metadata = new Map<string, GgufValue>();
+    const metadataTypes = new Map<string, GgufValueType>();
     for (let i = 0; i < nKv; i++) {
       const key = r.str("metadata key");
       if (metadata.has(key)) throw new CheckpointError(file, `metadata key ${key} appears twice`);
-      metadata.set(key, readValue(r, r.u32(`metadata ${key} type`), key, file));
+      const type = r.u32(`metadata ${key} type`);
+      let item = -1;
+      metadata.set(key, readValue(r, type, key, file, (t) => (item = t)));
+      metadataTypes.set(key, item >= 0 ? `${V_NAMES[item]!}s` : V_NAMES[type]!);
     }
     const entries = Array.from({ length: nTensors }, () => readTensorInfo(r, file));
     const alignment = alignmentOf(file, metadata);
@@ -215,7 +227,7 @@ export function readGguf(file: string): Gguf {
       tensors.set(e.name, checkTensor(file, r.fileSize, dataOffset, alignment, e));
     }
     checkNoOverlap(file, [...tensors.values()]);
-    return { file, version, alignment, dataOffset, metadata, tensors };
+    return { file, version, alignment, dataOffset, metadata, metadataTypes, tensors };
   } finally {
     fs.closeSync(fd);
   }

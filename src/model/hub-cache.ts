@@ -14,11 +14,17 @@ export function repoCacheDir(repo: string, cache = hubCacheDir()): string {
   return path.join(cache, `models--${repo.replace("/", "--")}`);
 }
 
-/** The snapshot directory of `repo` in the hub cache, if it holds a config.json. */
-export function cachedSnapshot(repo: string, revision = "main", cache = hubCacheDir()): string | null {
+/** The snapshot directory of `repo` at `revision` (a ref such as main, or a commit) in the hub cache, if there is one. */
+export function snapshotDir(repo: string, revision = "main", cache = hubCacheDir()): string | null {
   const base = repoCacheDir(repo, cache);
   const refFile = path.join(base, "refs", revision);
   const commit = fs.existsSync(refFile) ? fs.readFileSync(refFile, "utf8").trim() : revision;
   const dir = path.join(base, "snapshots", commit);
-  return fs.existsSync(path.join(dir, "config.json")) ? dir : null;
+  return fs.existsSync(dir) ? dir : null;
+}
+
+/** The snapshot directory of `repo` in the hub cache, if it holds a config.json. */
+export function cachedSnapshot(repo: string, revision = "main", cache = hubCacheDir()): string | null {
+  const dir = snapshotDir(repo, revision, cache);
+  return dir && fs.existsSync(path.join(dir, "config.json")) ? dir : null;
 }

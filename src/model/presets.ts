@@ -41,6 +41,16 @@ export const PRESETS: Record<string, Preset> = {
     },
     generationEos: [2],
   },
+  "small-llama": {
+    description: "2-layer Llama shape (hidden 256: rows of whole K-quant blocks) with the Llama 2 tokenizer, untied output: for quantization tests",
+    tokenizer: "llama2",
+    config: {
+      architectures: ["LlamaForCausalLM"], model_type: "llama", hidden_act: "silu", vocab_size: 32000, hidden_size: 256,
+      intermediate_size: 512, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, rms_norm_eps: 1e-5,
+      rope_theta: 10000, tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, max_position_embeddings: 2048,
+    },
+    generationEos: [2],
+  },
   "qwen3-0.6b": {
     description: "Qwen/Qwen3-0.6B shape: 28 layers, hidden 1024, 16 q / 8 kv heads of 128, tied embeddings",
     tokenizer: "qwen3",

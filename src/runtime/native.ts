@@ -216,7 +216,16 @@ export interface NativeAddon {
   cpuFeatures(): NativeCpuFeatures;
   /** Takes a few seconds, off the event loop. */
   measureRooflines(): Promise<NativeRooflines>;
+  /**
+   * The rows of `values` (`cols` each, a multiple of the type's block) as ggml blocks of `type`,
+   * the bytes llama.cpp reads (`weft quantize`). Synchronous, on every thread; throws on a
+   * non-finite value, naming its row and column.
+   */
+  quantizeWeights(type: QuantizeType, values: Float32Array, cols: number): Uint8Array;
 }
+
+/** The block types `quantizeWeights` writes. */
+export type QuantizeType = "q8_0" | "q4_0" | "q4_k" | "q5_k" | "q6_k";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, "..", "..", "..");
