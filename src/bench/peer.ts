@@ -17,7 +17,7 @@ import { readGguf } from "../model/gguf.js";
 import { ggufModelConfig } from "../model/gguf-model.js";
 import { makeModel } from "../model/make-model.js";
 import { llamaQuantized, type LlamaQuantType } from "./llama-quantize.js";
-import { machineInfo, measureRooflines, modelInfo, usableCores, weightBytesPerStep } from "./machine.js";
+import { machineInfo, measureRooflines, modelInfo, rooflineShare, usableCores, weightBytesPerStep } from "./machine.js";
 import { runLevel } from "./offline.js";
 import { attributeStep, summarize, table, type StepTotals } from "./stats.js";
 import { syntheticPrompts } from "./workload.js";
@@ -156,12 +156,20 @@ export async function peerBench(o: PeerOptions): Promise<void> {
   const say: Say = (s) => void process.stderr.write(`${s}\n`);
   const { modelDir, ggufs: files } = benchFiles(o, say, ["f16", "bf16"]);
   const ggufs = files as Record<GgufDType, string>;
+  say("measuring the machine's rooflines…");
+  const rooflines = await measureRooflines();
   const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
   const m = await loadWeft(modelDir, o, steps, say);
   const prefillPrompt = syntheticPrompts({ numPrompts: 1, promptLen: o.prefillLen, vocab: m.checkpoint.config.vocab, seed: 99 })[0]!;
   await runLevel(m, [prefillPrompt.slice(0, 16)], 2, 1, steps); // warm-up
 
   const rows: Record<string, unknown>[] = [];
+  const { dtype, isa: kernels } = m.runner.info();
+  // Weft's share of the roofline that binds it: read bandwidth for one sequence, the compute peak of its unit otherwise.
+  const weftShare = (n: number, decode: number | null, prefill: number | null): Record<string, number | null> => {
+    const share = rooflineShare(rooflines, m.checkpoint, dtype, kernels, { concurrency: n, decode_tokens_per_second: decode, prefill_tokens_per_second: prefill });
+    return n === 1 && prefill === null ? { weft_bandwidth_pct: share.decode_bandwidth_pct } : prefill === null ? { weft_compute_pct: share.decode_compute_pct } : { weft_compute_pct: share.prefill_compute_pct };
+  };
   for (const n of o.concurrency) {
     say(`concurrency ${n}: Weft…`);
     const weft = await weftDecode(m, n, o, steps);
@@ -179,6 +187,7 @@ export async function peerBench(o: PeerOptions): Promise<void> {
       llama_cpp_tokens_per_decode_call: `${Math.min(...calls)}–${Math.max(...calls)}`,
       ratio: round2(weft.tokS / peer[best]!.decodeTokensPerSecond),
       weft_output_tok_s: weft.outputTokS,
+      ...weftShare(n, weft.tokS, null),
     };
     rows.push(row);
     say(JSON.stringify(row));
@@ -192,13 +201,13 @@ export async function peerBench(o: PeerOptions): Promise<void> {
   }
   const bestPrefill = Math.max(peerPrefill.f16, peerPrefill.bf16);
   const report = {
-    machine: machineInfo(), model: modelInfo(m.checkpoint), dtype: m.runner.info().dtype,
+    machine: machineInfo(), rooflines, model: modelInfo(m.checkpoint), dtype,
     workload: { prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen, note: "decode tok/s = tokens after each sequence's first / decode-phase time" },
     decode: rows,
-    prefill: { weft_tok_s: weftPre, llama_cpp_f16_tok_s: round2(peerPrefill.f16), llama_cpp_bf16_tok_s: round2(peerPrefill.bf16), ratio: round2(weftPre / bestPrefill) },
+    prefill: { weft_tok_s: weftPre, llama_cpp_f16_tok_s: round2(peerPrefill.f16), llama_cpp_bf16_tok_s: round2(peerPrefill.bf16), ratio: round2(weftPre / bestPrefill), ...weftShare(1, null, weftPre) },
   };
   await unloadModel(m);
-  console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores; Weft kernels ${report.machine.kernels}, dtype ${report.dtype}`);
+  console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores; Weft kernels ${report.machine.kernels}, dtype ${report.dtype}; rooflines ${JSON.stringify(rooflines)}`);
   console.log(`model: ${o.preset} (random weights), ${report.model.weight_dtype}, ${report.model.weight_gb} GB; prompts ${o.promptLen} tokens, ${o.outputLen} generated each`);
   console.log(table(rows, Object.keys(rows[0]!)));
   console.log(`prefill of one ${o.prefillLen}-token prompt: Weft ${weftPre} tok/s, llama.cpp f16 ${report.prefill.llama_cpp_f16_tok_s} / bf16 ${report.prefill.llama_cpp_bf16_tok_s} tok/s, ratio ${report.prefill.ratio}`);
