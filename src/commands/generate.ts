@@ -5,6 +5,7 @@ import type { EngineConfig } from "../engine/engine-config.js";
 
 export interface GenerateOptions {
   dtype?: EngineConfig["dtype"];
+  device?: EngineConfig["device"];
   model: string;
   prompt?: string;
   promptIds?: string;
@@ -21,7 +22,8 @@ export interface GenerateOptions {
 
 export async function generate(o: GenerateOptions): Promise<void> {
   if ((o.prompt === undefined) === (o.promptIds === undefined)) throw new Error("give exactly one of --prompt and --prompt-ids");
-  const m = await createModel("cli", o.model, { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1, dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype },
+  const m = await createModel("cli", o.model, { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1, dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype,
+    device: o.device ?? DEFAULT_ENGINE_CONFIG.device },
     { log: (msg) => process.stderr.write(`${msg}\n`) });
   let promptIds: number[];
   if (o.promptIds !== undefined) {

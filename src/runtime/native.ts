@@ -22,6 +22,9 @@ export type ComputeDtype = "float32" | "bfloat16";
  */
 export type KvCacheDtype = "float32" | "bfloat16" | "float16";
 
+/** Where a model runs: the CPU kernels, or the CUDA backend (an addon built with nvcc; see docs/GPU.md). */
+export type Device = "cpu" | "cuda";
+
 /** Kernel sets, best first: AMX-BF16 tiles, AVX512_BF16, AVX-512, AVX2, portable. */
 export type KernelSet = "amx" | "avx512bf16" | "avx512" | "avx2" | "scalar";
 
@@ -78,6 +81,8 @@ export interface NativeModelSpec {
   blockSize: number;
   dtype: ComputeDtype;
   kvCacheDtype: KvCacheDtype;
+  /** cpu when left out. cuda uploads the weights as bf16 to GPU 0 and needs dtype bfloat16. */
+  device?: Device;
   weights: NativeWeights;
 }
 
@@ -134,6 +139,10 @@ export interface NativeStepOutput {
 }
 
 export interface NativeModelInfo {
+  device: Device;
+  /** The GPU's name on cuda; the kernel set on cpu. */
+  deviceName: string;
+  /** The CPU kernels in use (on cuda: the sampler's, for rows not sampled on the GPU). */
   isa: KernelSet;
   threads: number;
   kvCacheBytes: number;
@@ -147,6 +156,15 @@ export interface NativeCpuFeatures {
   avx512: boolean;
   avx512bf16: boolean;
   amx: boolean;
+}
+
+/** A GPU the CUDA backend can use. */
+export interface NativeCudaDevice {
+  name: string;
+  totalBytes: number;
+  freeBytes: number;
+  /** e.g. "9.0" */
+  computeCapability: string;
 }
 
 /** Seconds per kind of work since the previous read, and the steps and token rows they covered. */
@@ -204,6 +222,10 @@ export interface NativeAddon {
   cpuFeatures(): NativeCpuFeatures;
   /** Takes a few seconds, off the event loop. */
   measureRooflines(): Promise<NativeRooflines>;
+  /** Whether this build has the CUDA backend (nvcc and cuBLAS were found when it was built). */
+  cudaBuilt(): boolean;
+  /** The GPUs the CUDA backend can use: none in a CPU-only build or without a visible GPU. */
+  cudaDevices(): NativeCudaDevice[];
 }
 
 const here = path.dirname(fileURLToPath(import.meta.url));
