@@ -20,6 +20,7 @@ const root = process.cwd();
 if (!existsSync(path.join(root, "dist", "src", "cli.js"))) throw new Error("no dist/: run `npm run build` first");
 const out = path.resolve(o.out);
 mkdirSync(out, { recursive: true });
+for (const f of ["weft.tar.xz", "fixtures"]) rmSync(path.join(out, f), { recursive: true, force: true });
 const stage = mkdtempSync(path.join(os.tmpdir(), "weft-gpu-bundle-"));
 
 // Fixed order, owner and times: the same inputs give the same archive.
@@ -28,13 +29,15 @@ function tarXz(archive, cwd, entries) {
 }
 
 // Node: the binary and the headers a Node-API build reads (not V8's internals, OpenSSL or libuv).
-{
+// Kept from an earlier run into the same folder when it is newer than the package (xz takes minutes).
+const nodeArchive = path.join(out, "node.tar.xz");
+if (!existsSync(nodeArchive) || statSync(nodeArchive).mtimeMs < statSync(path.resolve(o.node)).mtimeMs) {
   const dir = path.join(stage, "node");
   mkdirSync(dir);
   execFileSync("tar", ["-xzf", path.resolve(o.node), "-C", dir, "package/bin/node", "package/include/node"]);
   const inc = path.join(dir, "package", "include", "node");
   for (const e of readdirSync(inc)) if (statSync(path.join(inc, e)).isDirectory()) rmSync(path.join(inc, e), { recursive: true });
-  tarXz(path.join(out, "node.tar.xz"), path.join(dir, "package"), ["bin", "include"]);
+  tarXz(nodeArchive, path.join(dir, "package"), ["bin", "include"]);
 }
 
 // Weft: built JS, addon sources and build scripts, and the production dependency tree.
@@ -58,7 +61,7 @@ function tarXz(archive, cwd, entries) {
   tarXz(path.join(out, "weft.tar.xz"), stage, ["weft"]);
 }
 
-copyFileSync(path.join(root, "scripts", "gpu-host.sh"), path.join(out, "gpu-host.sh"));
+for (const f of ["gpu-host.sh", "gpu-measure.sh"]) copyFileSync(path.join(root, "scripts", f), path.join(out, f));
 if (o.fixtures) {
   // What the CUDA tests read: the checkpoints and their float32 references (not the bf16 logits).
   for (const model of ["tiny-llama", "tiny-qwen3"]) {

@@ -194,12 +194,12 @@ class CudaModel : public Backend {
     uploadStep(in, T, B, S);
     forward(in, T, S);
     StepOutput out = beginSampling(in);
-    const auto sampleStart = std::chrono::steady_clock::now();
-    sample(in, S, out);
-    const auto end = std::chrono::steady_clock::now();
-    // GPU work is asynchronous: the forward pass is timed as a whole, under `other`.
-    profile_.sampling += std::chrono::duration<double>(end - sampleStart).count();
-    profile_.other += std::chrono::duration<double>(sampleStart - start).count();
+    const double sampling = sample(in, S, out);
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // GPU work is asynchronous: the forward pass and the transfers are timed as a whole, under `other`;
+    // `sampling` is the CPU sampler's share (rows not sampled on the GPU).
+    profile_.sampling += sampling;
+    profile_.other += total - sampling;
     profile_.steps++;
     profile_.tokens += T;
     return out;
@@ -283,11 +283,11 @@ class CudaModel : public Backend {
   }
 
   // Greedy rows take the GPU's argmax; the others (and every row when logits are asked for)
-  // copy their logits back for the CPU sampler.
-  void sample(const StepInput& in, int S, StepOutput& out) {
+  // copy their logits back for the CPU sampler. Returns the seconds the CPU sampler took.
+  double sample(const StepInput& in, int S, StepOutput& out) {
     if (S == 0) {
       check(cudaStreamSynchronize(stream_), "step");
-      return;
+      return 0;
     }
     const size_t V = cfg_.vocab;
     hostGreedy_.grow(S);
@@ -317,6 +317,7 @@ class CudaModel : public Backend {
         out.rowErrors[i] = "the model produced non-finite logits";
       }
     }
+    const auto start = std::chrono::steady_clock::now();
     const float* logits = hostLogits_.get();
     const int n = static_cast<int>(hostRows.size());
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)
@@ -326,6 +327,7 @@ class CudaModel : public Backend {
       sampleRow(k_, in, i, logits + (in.returnLogits ? static_cast<size_t>(i) : static_cast<size_t>(j)) * V, cfg_.vocab, out, scratch);
     }
     if (in.returnLogits) out.logits.assign(logits, logits + S * V);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   void release() {

@@ -99,7 +99,7 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   hooks.log?.(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
     `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
     `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, ${info.kvCacheDtype}); dtype ${info.dtype}, ` +
-    (info.device === "cuda" ? `device cuda (${info.deviceName})` : `device cpu, kernels ${info.isa}, ${info.threads} threads`));
+    (info.device === "cuda" ? `device cuda (${info.deviceName})` : `kernels ${info.isa}, ${info.threads} threads, device cpu`));
   return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer, pool, maxModelLen), runner, engine, lastUsed: Date.now() };
 }
 
