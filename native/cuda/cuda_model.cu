@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -43,13 +45,15 @@ class DeviceArray {
     return *this;
   }
   ~DeviceArray() { if (p_) cudaFree(p_); }
-  void grow(size_t n, const char* what) {
-    if (n <= n_) return;
+  // True when the memory moved (captured graphs that use it are stale).
+  bool grow(size_t n, const char* what) {
+    if (n <= n_) return false;
     if (p_) cudaFree(p_);
     p_ = nullptr;
     n_ = 0;
     check(cudaMalloc(&p_, n * sizeof(T)), what);
     n_ = n;
+    return true;
   }
   T* get() const { return p_; }
 
@@ -133,6 +137,11 @@ class CudaModel : public Backend {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     check(cublasCreate(&blas_), "create");
     check(cublasSetStream(blas_, stream_), "set stream");
+    // A workspace of our own: cuBLAS then allocates nothing while a graph is being captured.
+    workspace_.grow(kWorkspaceBytes, "cuBLAS workspace");
+    check(cublasSetWorkspace(blas_, workspace_.get(), kWorkspaceBytes), "set workspace");
+    const char* graphs = std::getenv("WEFT_CUDA_GRAPHS");
+    graphs_ = !(graphs && std::string(graphs) == "0");
     const int hd = cfg_.headDim;
     for (const LayerWeights& L : w.layers) {
       Layer d;
@@ -191,8 +200,9 @@ class CudaModel : public Backend {
     const auto start = std::chrono::steady_clock::now();
     const int T = static_cast<int>(in.tokens.size()), B = static_cast<int>(in.seqStarts.size()) - 1;
     const int S = static_cast<int>(in.sampleRows.size());
+    prepare(in, T, B, S);
     uploadStep(in, T, B, S);
-    forward(in, T, S);
+    run(in, T, B, S);
     StepOutput out = beginSampling(in);
     const double sampling = sample(in, S, out);
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -228,7 +238,6 @@ class CudaModel : public Backend {
     const size_t tables = static_cast<size_t>(B) * in.maxBlocks;
     const size_t n = 4 * static_cast<size_t>(T) + tables + S;
     hostInts_.grow(n);
-    ints_.grow(n, "step inputs");
     int32_t* h = hostInts_.get();
     std::memcpy(h, in.tokens.data(), T * 4);
     std::memcpy(h + T, in.positions.data(), T * 4);
@@ -246,13 +255,60 @@ class CudaModel : public Backend {
     sampleRows_ = tables_ + tables;
   }
 
+  // Grows every device buffer the step needs; a buffer that moves makes the captured graphs stale.
+  void prepare(const StepInput& in, int T, int B, int S) {
+    const int H = cfg_.hidden, I = cfg_.intermediate, qDim = cfg_.heads * cfg_.headDim;
+    const int qkvDim = (cfg_.heads + 2 * cfg_.kvHeads) * cfg_.headDim;
+    bool moved = ints_.grow(4 * static_cast<size_t>(T) + static_cast<size_t>(B) * in.maxBlocks + S, "step inputs");
+    moved |= x_.grow(static_cast<size_t>(T) * H, "activations");
+    moved |= xn_.grow(static_cast<size_t>(T) * std::max({H, I, qDim}), "activations");
+    moved |= qkv_.grow(static_cast<size_t>(T) * qkvDim, "activations");
+    moved |= gu_.grow(static_cast<size_t>(T) * 2 * I, "activations");
+    if (S > 0) {
+      moved |= rows_.grow(static_cast<size_t>(S) * H, "activations");
+      moved |= logits_.grow(static_cast<size_t>(S) * cfg_.vocab, "logits");
+      moved |= greedy_.grow(S, "greedy");
+    }
+    if (moved) dropGraphs();
+  }
+
+  // Decode steps (one sampled row per sequence, no logits asked) replay a CUDA graph of the
+  // forward pass, captured once per (rows, block-table width): a few hundred kernel launches
+  // become one. Everything a graph reads sits at fixed addresses; only the contents change.
+  void run(const StepInput& in, int T, int B, int S) {
+    if (!graphs_ || T != S || B != T || in.returnLogits) return forward(in, T, S);
+    const std::pair<int, int> key{T, in.maxBlocks};
+    auto it = graphExecs_.find(key);
+    if (it == graphExecs_.end()) {
+      if (graphExecs_.size() >= kMaxGraphs) dropGraphs();
+      cudaGraph_t graph = nullptr;
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+      try {
+        forward(in, T, S);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &graph), "end capture");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      check(made, "instantiate graph");
+      it = graphExecs_.emplace(key, exec).first;
+    }
+    check(cudaGraphLaunch(it->second, stream_), "launch graph");
+  }
+
+  void dropGraphs() {
+    for (auto& [key, exec] : graphExecs_) cudaGraphExecDestroy(exec);
+    graphExecs_.clear();
+  }
+
+  // The forward pass's launches, in stream order (captured into a graph for decode steps).
   void forward(const StepInput& in, int T, int S) {
     const int H = cfg_.hidden, I = cfg_.intermediate, hd = cfg_.headDim;
     const int qDim = cfg_.heads * hd, qkvDim = (cfg_.heads + 2 * cfg_.kvHeads) * hd;
-    x_.grow(static_cast<size_t>(T) * H, "activations");
-    xn_.grow(static_cast<size_t>(T) * std::max({H, I, qDim}), "activations");
-    qkv_.grow(static_cast<size_t>(T) * qkvDim, "activations");
-    gu_.grow(static_cast<size_t>(T) * 2 * I, "activations");
     cuda::embed(tokens_, T, embed_.get(), H, x_.get(), stream_);
     for (int l = 0; l < cfg_.layers; l++) {
       const Layer& L = layers_[l];
@@ -274,9 +330,6 @@ class CudaModel : public Backend {
     }
     // Only the sampled rows go through the final norm and the vocabulary projection.
     if (S == 0) return;
-    rows_.grow(static_cast<size_t>(S) * H, "activations");
-    logits_.grow(static_cast<size_t>(S) * cfg_.vocab, "logits");
-    greedy_.grow(S, "greedy");
     cuda::rmsnormToBf16(x_.get(), sampleRows_, H, finalNorm_.get(), cfg_.rmsEps, S, rows_.get(), stream_);
     gemm(rows_.get(), S, tied_ ? embed_.get() : lmHead_.get(), cfg_.vocab, H, logits_.get(), 0.0f);
     cuda::greedy(logits_.get(), S, cfg_.vocab, greedy_.get(), stream_);
@@ -331,6 +384,7 @@ class CudaModel : public Backend {
   }
 
   void release() {
+    dropGraphs();
     if (kCache_) cudaFree(kCache_);
     if (vCache_) cudaFree(vCache_);
     kCache_ = vCache_ = nullptr;
@@ -340,8 +394,13 @@ class CudaModel : public Backend {
     stream_ = nullptr;
   }
 
+  static constexpr size_t kWorkspaceBytes = 32u << 20;
+  static constexpr size_t kMaxGraphs = 256;
   std::mutex mutex_;
   Profile profile_;
+  DeviceArray<char> workspace_;
+  bool graphs_ = true;  // WEFT_CUDA_GRAPHS=0 turns decode graphs off
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphExecs_;
   ModelConfig cfg_;
   const Kernels& k_;  // the CPU sampler's kernels
   std::string name_;
