@@ -24,3 +24,14 @@ for c in ${LEVELS:-1 16 64 256}; do
   run "bench-c$c" node dist/src/cli.js bench --model "$model" --device cuda --concurrency "$c" --num-prompts "$c" \
     --prompt-len 128 --output-len 128 --max-num-batched-tokens 4096 --kv-cache-memory 8589934592 --json "$out/bench-c$c.json"
 done
+# The same profile with decode graphs off: what the CUDA graphs buy.
+WEFT_CUDA_GRAPHS=0 TAIL=8 run profile-nographs node dist/src/cli.js bench profile --model "$model" --device cuda --batch 1,16,64,256 --context 128 --prefill 0 --steps 16
+# Over HTTP: `weft serve` on the GPU (KV pool sized by --gpu-memory-utilization), 128 concurrent streams.
+sh "$here/gpu-host.sh" node dist/src/cli.js serve --model "q06=$model" --port 8123 --device cuda --gpu-memory-utilization 0.6 \
+  --max-num-seqs 256 --max-num-batched-tokens 4096 >"$out/serve.log" 2>&1 &
+server=$!
+i=0; until curl -sf http://127.0.0.1:8123/health >/dev/null 2>&1 || [ $i -ge 60 ]; do sleep 1; i=$((i + 1)); done
+curl -s http://127.0.0.1:8123/v1/models >"$out/models.json"; cat "$out/models.json"; echo
+run bench-serve-c128 node dist/src/cli.js bench serve --base-url http://127.0.0.1:8123 --model q06 --concurrency 128 --num-prompts 256 \
+  --prompt-len 128 --output-len 128 --json "$out/bench-serve-c128.json"
+kill "$server" 2>/dev/null; grep -E "device|KV cache" "$out/serve.log" | head -5

@@ -163,6 +163,51 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
   }
 }
 
+constexpr int kSkinnyWarps = 8;
+
+// One warp per output column n: lanes take 8 consecutive k at a time (one 16-byte load of w and of
+// each x row), then the warp sums its partial dot products.
+template <int R>
+__global__ void __launch_bounds__(kSkinnyWarps * 32) skinnyKernel(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps only
+  const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n) * K);
+  float acc[R];
+#pragma unroll
+  for (int t = 0; t < R; t++) acc[t] = 0.0f;
+  const int chunks = K / 8;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    const uint4 wv = __ldg(wr + c);
+    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+    float2 wf[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) wf[j] = __bfloat1622float2(wp[j]);
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+      if (t >= T) break;
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(t) * K) + c);
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float2 xf = __bfloat1622float2(xp[j]);
+        acc[t] = fmaf(xf.x, wf[j].x, acc[t]);
+        acc[t] = fmaf(xf.y, wf[j].y, acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < R; t++) {
+    if (t >= T) break;
+    const float v = warpSum(acc[t]);
+    if (lane == 0) {
+      float* out = y + static_cast<size_t>(t) * N + n;
+      *out = beta == 0.0f ? v : v + beta * *out;
+    }
+  }
+}
+
 __global__ void siluMulKernel(const float* gu, int I, bf16* out) {
   const float* g = gu + static_cast<size_t>(blockIdx.x) * 2 * I;
   bf16* o = out + static_cast<size_t>(blockIdx.x) * I;
@@ -270,6 +315,16 @@ void pagedAttention(const AttentionArgs& a, cudaStream_t s) {
   else if (a.kv == KvElem::BF16) attentionFor<bf16>(a, s);
   else attentionFor<__half>(a, s);
   launched("attention");
+}
+
+void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1..8 and K a multiple of 8");
+  const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
+  if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else if (T <= 2) skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else if (T <= 4) skinnyKernel<4><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else skinnyKernel<8><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  launched("skinnyGemm");
 }
 
 void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s) {

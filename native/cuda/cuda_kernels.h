@@ -48,6 +48,12 @@ struct AttentionArgs {
 };
 void pagedAttention(const AttentionArgs& a, cudaStream_t s);
 
+// y (T × N, fp32) = x (T × K, bf16) · wᵀ (N × K, bf16) + beta · y, for few rows (T <= kSkinnyRows,
+// K a multiple of 8): one warp per output column streams its weight row once with 16-byte loads, so a
+// decode step of a few sequences reads the weights at close to the memory's bandwidth.
+constexpr int kSkinnyRows = 8;
+void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
+
 // out[t, i] = bf16(silu(gu[t, i]) · gu[t, I + i]) for the fused gate/up output (T × 2I).
 void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s);
 
