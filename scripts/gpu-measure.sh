@@ -24,6 +24,8 @@ for c in ${LEVELS:-1 16 64 256}; do
   run "bench-c$c" node dist/src/cli.js bench --model "$model" --device cuda --concurrency "$c" --num-prompts "$c" \
     --prompt-len 128 --output-len 128 --max-num-batched-tokens 4096 --kv-cache-memory 8589934592 --json "$out/bench-c$c.json"
 done
+# Where the GPU time goes: kernels timed between CUDA events (graphs off while timing).
+WEFT_CUDA_PROFILE=1 TAIL=8 run profile-events node dist/src/cli.js bench profile --model "$model" --device cuda --batch 1,16,64,256 --context 128 --prefill 512 --steps 16
 # The same profile with decode graphs off: what the CUDA graphs buy.
 WEFT_CUDA_GRAPHS=0 TAIL=8 run profile-nographs node dist/src/cli.js bench profile --model "$model" --device cuda --batch 1,16,64,256 --context 128 --prefill 0 --steps 16
 # Over HTTP: `weft serve` on the GPU (KV pool sized by --gpu-memory-utilization), 128 concurrent streams.

@@ -142,6 +142,8 @@ class CudaModel : public Backend {
     check(cublasSetWorkspace(blas_, workspace_.get(), kWorkspaceBytes), "set workspace");
     const char* graphs = std::getenv("WEFT_CUDA_GRAPHS");
     graphs_ = !(graphs && std::string(graphs) == "0");
+    const char* profiling = std::getenv("WEFT_CUDA_PROFILE");
+    profiling_ = profiling && std::string(profiling) == "1";
     const int hd = cfg_.headDim;
     for (const LayerWeights& L : w.layers) {
       Layer d;
@@ -206,10 +208,10 @@ class CudaModel : public Backend {
     StepOutput out = beginSampling(in);
     const double sampling = sample(in, S, out);
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    // GPU work is asynchronous: the forward pass and the transfers are timed as a whole, under `other`;
-    // `sampling` is the CPU sampler's share (rows not sampled on the GPU).
+    // GPU work is asynchronous: without WEFT_CUDA_PROFILE=1 the forward pass and the transfers are
+    // timed as a whole, under `other`; `sampling` is the CPU sampler's share (rows not sampled on the GPU).
     profile_.sampling += sampling;
-    profile_.other += total - sampling;
+    profile_.other += total - sampling - collectSpans();
     profile_.steps++;
     profile_.tokens += T;
     return out;
@@ -280,7 +282,7 @@ class CudaModel : public Backend {
   // forward pass, captured once per (rows, block-table width): a few hundred kernel launches
   // become one. Everything a graph reads sits at fixed addresses; only the contents change.
   void run(const StepInput& in, int T, int B, int S) {
-    if (!graphs_ || T != S || B != T || in.returnLogits) return forward(in, T, S);
+    if (!graphs_ || profiling_ || T != S || B != T || in.returnLogits) return forward(in, T, S);
     const std::pair<int, int> key{T, in.maxBlocks};
     auto it = graphExecs_.find(key);
     if (it == graphExecs_.end()) {
@@ -304,6 +306,36 @@ class CudaModel : public Backend {
     check(cudaGraphLaunch(it->second, stream_), "launch graph");
   }
 
+  // WEFT_CUDA_PROFILE=1: each kind of work between CUDA events, read once the step has synchronized
+  // (graphs off, so the launches stay separate). Costs a little time per launch.
+  template <class F>
+  void timed(double Profile::*into, F&& launch) {
+    if (!profiling_) return launch();
+    while (events_.size() < 2 * (spans_.size() + 1)) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreate(&e), "event");
+      events_.push_back(e);
+    }
+    cudaEvent_t a = events_[2 * spans_.size()], b = events_[2 * spans_.size() + 1];
+    check(cudaEventRecord(a, stream_), "event");
+    launch();
+    check(cudaEventRecord(b, stream_), "event");
+    spans_.push_back(into);
+  }
+
+  // Adds the step's timed spans to the profile; returns their total seconds.
+  double collectSpans() {
+    double total = 0;
+    for (size_t i = 0; i < spans_.size(); i++) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]), "event time");
+      profile_.*spans_[i] += ms / 1000.0;
+      total += ms / 1000.0;
+    }
+    spans_.clear();
+    return total;
+  }
+
   void dropGraphs() {
     for (auto& [key, exec] : graphExecs_) cudaGraphExecDestroy(exec);
     graphExecs_.clear();
@@ -317,26 +349,29 @@ class CudaModel : public Backend {
     for (int l = 0; l < cfg_.layers; l++) {
       const Layer& L = layers_[l];
       cuda::rmsnormToBf16(x_.get(), nullptr, H, L.attnNorm.get(), cfg_.rmsEps, T, xn_.get(), stream_);
-      gemm(xn_.get(), T, L.qkv.get(), qkvDim, H, qkv_.get(), 0.0f);
+      timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.qkv.get(), qkvDim, H, qkv_.get(), 0.0f); });
       char* kc = static_cast<char*>(kCache_) + kvLayerBytes_ * l;
       char* vc = static_cast<char*>(vCache_) + kvLayerBytes_ * l;
-      cuda::qkvNormRopeCache({qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), invFreq_.get(), cfg_.attentionScaling,
-                              cfg_.rmsEps, positions_, slots_, kc, vc, kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
+      timed(&Profile::attention, [&] {
+        cuda::qkvNormRopeCache({qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), invFreq_.get(), cfg_.attentionScaling,
+                                cfg_.rmsEps, positions_, slots_, kc, vc, kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
+                               stream_);
+        cuda::pagedAttention({qkv_.get(), kc, vc, kvElem(), positions_, seqOf_, tables_, xn_.get(), T, cfg_.heads, cfg_.kvHeads, hd,
+                              cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd))},
                              stream_);
-      cuda::pagedAttention({qkv_.get(), kc, vc, kvElem(), positions_, seqOf_, tables_, xn_.get(), T, cfg_.heads, cfg_.kvHeads, hd,
-                            cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd))},
-                           stream_);
-      gemm(xn_.get(), T, L.o.get(), H, qDim, x_.get(), 1.0f);  // the residual add is the GEMM's beta = 1
+      });
+      // The residual add is the GEMM's beta = 1.
+      timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.o.get(), H, qDim, x_.get(), 1.0f); });
       cuda::rmsnormToBf16(x_.get(), nullptr, H, L.mlpNorm.get(), cfg_.rmsEps, T, xn_.get(), stream_);
-      gemm(xn_.get(), T, L.gateUp.get(), 2 * I, H, gu_.get(), 0.0f);
+      timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.gateUp.get(), 2 * I, H, gu_.get(), 0.0f); });
       cuda::siluMul(gu_.get(), T, I, xn_.get(), stream_);
-      gemm(xn_.get(), T, L.down.get(), H, I, x_.get(), 1.0f);
+      timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.down.get(), H, I, x_.get(), 1.0f); });
     }
     // Only the sampled rows go through the final norm and the vocabulary projection.
     if (S == 0) return;
     cuda::rmsnormToBf16(x_.get(), sampleRows_, H, finalNorm_.get(), cfg_.rmsEps, S, rows_.get(), stream_);
-    gemm(rows_.get(), S, tied_ ? embed_.get() : lmHead_.get(), cfg_.vocab, H, logits_.get(), 0.0f);
-    cuda::greedy(logits_.get(), S, cfg_.vocab, greedy_.get(), stream_);
+    timed(&Profile::lmHead, [&] { gemm(rows_.get(), S, tied_ ? embed_.get() : lmHead_.get(), cfg_.vocab, H, logits_.get(), 0.0f); });
+    timed(&Profile::sampling, [&] { cuda::greedy(logits_.get(), S, cfg_.vocab, greedy_.get(), stream_); });
   }
 
   // Greedy rows take the GPU's argmax; the others (and every row when logits are asked for)
@@ -389,6 +424,8 @@ class CudaModel : public Backend {
 
   void release() {
     dropGraphs();
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    events_.clear();
     if (kCache_) cudaFree(kCache_);
     if (vCache_) cudaFree(vCache_);
     kCache_ = vCache_ = nullptr;
@@ -404,6 +441,9 @@ class CudaModel : public Backend {
   Profile profile_;
   DeviceArray<char> workspace_;
   bool graphs_ = true;  // WEFT_CUDA_GRAPHS=0 turns decode graphs off
+  bool profiling_ = false;  // WEFT_CUDA_PROFILE=1 times kernels with events
+  std::vector<cudaEvent_t> events_;
+  std::vector<double Profile::*> spans_;
   std::map<std::pair<int, int>, cudaGraphExec_t> graphExecs_;
   ModelConfig cfg_;
   const Kernels& k_;  // the CPU sampler's kernels
