@@ -101,7 +101,8 @@ __global__ void qkvKernel(QkvArgs a) {
   }
 }
 
-constexpr int kAttnWarps = 4;
+constexpr int kAttnWarps = 8;
+constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are in flight together
 
 // One block per (row, q head), kAttnWarps warps splitting the keys; each lane holds head
 // dimensions lane, lane + 32, ... (DPL of them). Online softmax in fp32, merged across warps at the end.
@@ -123,24 +124,38 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
   float m = -FLT_MAX, l = 0.0f;
-  for (int key = warp; key <= last; key += kAttnWarps) {
-    const size_t at = ((static_cast<size_t>(table[key / a.blockSize]) * a.blockSize + key % a.blockSize) * a.kvHeads + kvh) * hd;
-    float dot = 0.0f;
-    float vv[DPL];
+  // Warp w takes keys w, w + kAttnWarps, ...; kAttnUnroll of them per iteration, loaded before any is used.
+  for (int base = warp; base <= last; base += kAttnWarps * kAttnUnroll) {
+    float kr[kAttnUnroll][DPL], vr[kAttnUnroll][DPL];
 #pragma unroll
-    for (int j = 0; j < DPL; j++) {
-      const int d = lane + 32 * j;
-      const bool in = d < hd;
-      dot += in ? qr[j] * load<E>(K + at + d) : 0.0f;
-      vv[j] = in ? load<E>(V + at + d) : 0.0f;
+    for (int u = 0; u < kAttnUnroll; u++) {
+      const int key = min(base + u * kAttnWarps, last);  // past the end: a valid key, ignored below
+      const size_t at = ((static_cast<size_t>(table[key / a.blockSize]) * a.blockSize + key % a.blockSize) * a.kvHeads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < DPL; j++) {
+        const int d = lane + 32 * j;
+        kr[u][j] = d < hd ? load<E>(K + at + d) : 0.0f;
+        vr[u][j] = d < hd ? load<E>(V + at + d) : 0.0f;
+      }
     }
-    const float score = warpSum(dot);
-    const float mNew = fmaxf(m, score);
-    const float corr = __expf(m - mNew), p = __expf(score - mNew);
-    l = l * corr + p;
+    float score[kAttnUnroll];
 #pragma unroll
-    for (int j = 0; j < DPL; j++) acc[j] = acc[j] * corr + p * vv[j];
-    m = mNew;
+    for (int u = 0; u < kAttnUnroll; u++) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < DPL; j++) dot += qr[j] * kr[u][j];
+      score[u] = warpSum(dot);
+    }
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; u++) {
+      if (base + u * kAttnWarps > last) break;
+      const float mNew = fmaxf(m, score[u]);
+      const float corr = __expf(m - mNew), p = __expf(score[u] - mNew);
+      l = l * corr + p;
+#pragma unroll
+      for (int j = 0; j < DPL; j++) acc[j] = acc[j] * corr + p * vr[u][j];
+      m = mNew;
+    }
   }
   __shared__ float ms[kAttnWarps], ls[kAttnWarps];
   __shared__ float accs[kAttnWarps][DPL * 32];
