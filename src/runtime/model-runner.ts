@@ -95,12 +95,14 @@ export interface KvLayout {
 export function resolveDevice(device: Device | "auto"): Device {
   if (device === "cpu") return "cpu";
   const native = loadNative();
-  const gpus = native.cudaBuilt() ? native.cudaDevices() : [];
-  if (device === "auto") return gpus.length > 0 ? "cuda" : "cpu";
+  gpusVisible ??= native.cudaBuilt() && native.cudaDevices().length > 0;  // asked once: /v1/models resolves it per call
+  if (device === "auto") return gpusVisible ? "cuda" : "cpu";
   if (!native.cudaBuilt()) throw new Error("--device cuda: this build of the addon has no CUDA backend (rebuild with nvcc and cuBLAS present; see docs/GPU.md)");
-  if (gpus.length === 0) throw new Error("--device cuda: no CUDA GPU is visible to this process");
+  if (!gpusVisible) throw new Error("--device cuda: no CUDA GPU is visible to this process");
   return "cuda";
 }
+
+let gpusVisible: boolean | undefined;
 
 /**
  * `auto` is bfloat16 on CUDA, and on a CPU whose kernels have bf16 hardware (AMX or
