@@ -6,6 +6,7 @@
 #include <memory>
 #include <stdexcept>
 #include "mlx_quant.h"
+#include "cuda_backend.h"
 #include "model.h"
 #include "quant.h"
 #include "quantize.h"
@@ -224,7 +225,7 @@ Arr copyOut(Napi::Env env, const std::vector<T>& v) {
 // alive until the work that uses it has finished.
 struct ModelState {
   enum class Life { Live, Disposing, Disposed };
-  std::unique_ptr<Model> model;  // null once disposed
+  std::unique_ptr<Backend> model;  // null once disposed
   Life life = Life::Live;
   bool stepping = false;         // one step in flight per model
   std::vector<Napi::Promise::Deferred> disposeWaiters;
@@ -250,7 +251,7 @@ class FreeWorker : public Napi::AsyncWorker {
 
  private:
   std::shared_ptr<ModelState> state_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<Backend> model_;
 };
 
 class StepWorker : public Napi::AsyncWorker {
@@ -301,7 +302,7 @@ class StepWorker : public Napi::AsyncWorker {
 
   Napi::Promise::Deferred deferred_;
   std::shared_ptr<ModelState> state_;
-  Model* model_;
+  Backend* model_;
   StepInput in_;
   StepOutput out_;
 };
@@ -310,13 +311,14 @@ class StepWorker : public Napi::AsyncWorker {
 // reserves the KV pools on a worker thread; resolves with a JS Model.
 class LoadWorker : public Napi::AsyncWorker {
  public:
-  LoadWorker(Napi::Env env, ModelConfig cfg, Weights w)
-      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), cfg_(std::move(cfg)), w_(std::move(w)) {}
+  LoadWorker(Napi::Env env, ModelConfig cfg, Weights w, bool cuda)
+      : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), cfg_(std::move(cfg)), w_(std::move(w)), cuda_(cuda) {}
   Napi::Promise promise() { return deferred_.Promise(); }
 
   void Execute() override {
     try {
-      model_ = std::make_unique<Model>(std::move(cfg_), std::move(w_));
+      if (cuda_) model_ = loadCudaModel(std::move(cfg_), std::move(w_));
+      else model_ = std::make_unique<Model>(std::move(cfg_), std::move(w_));
     } catch (const std::exception& e) {
       SetError(e.what());
     } catch (...) {
@@ -327,7 +329,7 @@ class LoadWorker : public Napi::AsyncWorker {
     Napi::Env env = Env();
     try {
       Napi::FunctionReference& ctor = *env.GetInstanceData<Napi::FunctionReference>();
-      deferred_.Resolve(ctor.New({Napi::External<std::unique_ptr<Model>>::New(env, &model_)}));
+      deferred_.Resolve(ctor.New({Napi::External<std::unique_ptr<Backend>>::New(env, &model_)}));
     } catch (const Napi::Error& e) {
       deferred_.Reject(e.Value());
     }
@@ -338,7 +340,8 @@ class LoadWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
   ModelConfig cfg_;
   Weights w_;
-  std::unique_ptr<Model> model_;
+  bool cuda_;
+  std::unique_ptr<Backend> model_;
 };
 
 class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
@@ -351,7 +354,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   // Only LoadWorker constructs one, handing over the loaded Model.
   explicit ModelWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ModelWrap>(info) {
     if (info.Length() < 1 || !info[0].IsExternal()) throw Napi::TypeError::New(info.Env(), "models are created by loadModel(spec)");
-    state_->model = std::move(*info[0].As<Napi::External<std::unique_ptr<Model>>>().Data());
+    state_->model = std::move(*info[0].As<Napi::External<std::unique_ptr<Backend>>>().Data());
   }
 
  private:
@@ -389,15 +392,17 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     return d.Promise();
   }
 
-  Model& live(const Napi::CallbackInfo& info) {
+  Backend& live(const Napi::CallbackInfo& info) {
     if (state_->life != ModelState::Life::Live) throw Napi::Error::New(info.Env(), "model disposed");
     return *state_->model;
   }
 
   Napi::Value info(const Napi::CallbackInfo& info) {
-    Model& m = live(info);
+    Backend& m = live(info);
     Napi::Object r = Napi::Object::New(info.Env());
     r.Set("isa", activeKernels().name);
+    r.Set("device", m.device());
+    r.Set("deviceName", m.deviceName());
     r.Set("threads", omp_get_max_threads());
     r.Set("kvCacheBytes", static_cast<double>(m.kvCacheBytes()));
     r.Set("dtype", m.config().bf16 ? "bfloat16" : "float32");
@@ -458,14 +463,19 @@ Napi::Value loadModel(const Napi::CallbackInfo& info) {
   Napi::Object spec = info[0].As<Napi::Object>();
   ModelConfig cfg;
   Weights w;
+  bool cuda = false;
   try {
+    const Napi::Value device = spec.Get("device");
+    const std::string name = device.IsString() ? device.As<Napi::String>().Utf8Value() : "cpu";
+    if (name != "cpu" && name != "cuda") throw std::invalid_argument("device must be cpu or cuda");
+    cuda = name == "cuda";
     cfg = parseConfig(spec);
     w = parseWeights(spec.Get("weights").As<Napi::Object>());
     if (static_cast<int>(w.layers.size()) != cfg.layers) throw std::invalid_argument("layer count mismatch");
   } catch (const std::exception& e) {
     return rejected(env, e.what());
   }
-  auto* worker = new LoadWorker(env, std::move(cfg), std::move(w));
+  auto* worker = new LoadWorker(env, std::move(cfg), std::move(w), cuda);
   Napi::Promise p = worker->promise();
   worker->Queue();
   return p;
@@ -517,6 +527,22 @@ Napi::Object init(Napi::Env env, Napi::Object exports) {
     Napi::Promise p = worker->promise();
     worker->Queue();
     return p;
+  }));
+  exports.Set("cudaBuilt", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    return Napi::Boolean::New(info.Env(), cudaBuilt());
+  }));
+  exports.Set("cudaDevices", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+    const std::vector<CudaDevice> devices = cudaDevices();
+    Napi::Array r = Napi::Array::New(info.Env(), devices.size());
+    for (uint32_t i = 0; i < devices.size(); i++) {
+      Napi::Object d = Napi::Object::New(info.Env());
+      d.Set("name", devices[i].name);
+      d.Set("totalBytes", devices[i].totalBytes);
+      d.Set("freeBytes", devices[i].freeBytes);
+      d.Set("computeCapability", std::to_string(devices[i].major) + "." + std::to_string(devices[i].minor));
+      r.Set(i, d);
+    }
+    return r;
   }));
   exports.Set("cpuFeatures", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
     const CpuFeatures& f = cpuFeatures();

@@ -13,10 +13,6 @@
 namespace weft {
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("invalid step input: " + what);
-}
-
 std::vector<float> widen(const Tensor& t) {
   std::vector<float> out(t ? static_cast<size_t>(t.rows) * t.cols : 0);
   for (size_t i = 0; i < out.size(); i++) out[i] = t.at(i);
@@ -65,42 +61,6 @@ Model::Model(ModelConfig config, Weights weights)
     }
     *pool = mem;
   }
-}
-
-void Model::validate(const StepInput& in) const {
-  const size_t T = in.tokens.size();
-  require(T > 0, "empty batch");
-  require(in.positions.size() == T && in.slotMapping.size() == T, "positions/slotMapping length != tokens");
-  require(in.seqStarts.size() >= 2 && in.seqStarts.front() == 0 &&
-              static_cast<size_t>(in.seqStarts.back()) == T, "seqStarts must run from 0 to the token count");
-  const size_t B = in.seqStarts.size() - 1;
-  require(in.contextLens.size() == B, "contextLens length != sequences");
-  require(in.maxBlocks > 0 && in.blockTables.size() == B * in.maxBlocks, "blockTables size != sequences * maxBlocks");
-  const int bs = cfg_.blockSize;
-  for (size_t s = 0; s < B; s++) {
-    require(in.seqStarts[s] < in.seqStarts[s + 1], "every sequence needs at least one token");
-    const int ctx = in.contextLens[s];
-    require(ctx > 0 && (ctx + bs - 1) / bs <= in.maxBlocks, "context length exceeds its block table");
-    const int32_t* table = &in.blockTables[s * in.maxBlocks];
-    for (int b = 0; b < (ctx + bs - 1) / bs; b++)
-      require(table[b] >= 0 && table[b] < cfg_.numBlocks, "block id out of range");
-    for (int t = in.seqStarts[s]; t < in.seqStarts[s + 1]; t++) {
-      const int pos = in.positions[t];
-      require(pos >= 0 && pos < ctx, "position outside its context");
-      require(in.tokens[t] >= 0 && in.tokens[t] < cfg_.vocab, "token id out of vocabulary");
-      require(in.slotMapping[t] == table[pos / bs] * bs + pos % bs, "slot does not match the block table");
-    }
-  }
-  const size_t S = in.sampleRows.size();
-  require(in.params.size() == S, "sampling params length != sample rows");
-  require(in.promptOffsets.size() == S + 1 && in.outputOffsets.size() == S + 1, "penalty offsets length != rows + 1");
-  for (size_t i = 0; i < S; i++) require(in.sampleRows[i] >= 0 && static_cast<size_t>(in.sampleRows[i]) < T, "sample row out of range");
-  for (auto* list : {&in.promptTokens, &in.outputTokens})
-    for (int32_t t : *list) require(t >= 0 && t < cfg_.vocab, "penalty token out of vocabulary");
-  for (auto* offs : {&in.promptOffsets, &in.outputOffsets})
-    for (size_t i = 0; i < S; i++) require((*offs)[i] >= 0 && (*offs)[i] <= (*offs)[i + 1], "penalty offsets not monotonic");
-  require(static_cast<size_t>(in.promptOffsets[S]) <= in.promptTokens.size() &&
-              static_cast<size_t>(in.outputOffsets[S]) <= in.outputTokens.size(), "penalty offsets past their tokens");
 }
 
 Model::~Model() {
@@ -173,7 +133,7 @@ void Model::addBias(float* y, int T, const std::vector<float>& bias) {
 
 void Model::layer(int l, const StepInput& in) {
   const PackedLayer& P = packed_[l];
-  const int T = static_cast<int>(in.tokens.size()), H = cfg_.hidden, hd = cfg_.headDim;
+  const int T = static_cast<int>(in.tokens.size()), hd = cfg_.headDim;
   const int kvDim = cfg_.kvHeads * hd;
 
   // Attention block: norm → q/k/v → (q/k norm) → rope → cache write → paged attention → out proj.
@@ -244,7 +204,7 @@ void Model::writeKv(int l, const StepInput& in) {
 }
 
 StepOutput Model::step(const StepInput& in) {
-  validate(in);
+  validateStep(cfg_, in);
   std::lock_guard<std::mutex> lock(profileMutex_);
   const auto stepStart = std::chrono::steady_clock::now();
   const Profile before = profile_;
@@ -289,32 +249,12 @@ StepOutput Model::step(const StepInput& in) {
   const auto sampleStart = std::chrono::steady_clock::now();
 
   // A row with bad parameters fails alone: the other rows are sampled as if it were not there.
-  StepOutput out;
-  out.tokens.assign(S, -1);
-  out.logprobs.assign(S, 0.0f);
-  out.rowErrors.resize(S);
-  for (int i = 0; i < S; i++) {
-    out.rowErrors[i] = samplingError(in.params[i]);
-    if (!out.rowErrors[i]) out.topN = std::max(out.topN, in.params[i].numLogprobs);
-  }
-  out.topIds.assign(static_cast<size_t>(S) * out.topN, -1);
-  out.topLogprobs.assign(static_cast<size_t>(S) * out.topN, 0.0f);
+  StepOutput out = beginSampling(in);
 #pragma omp parallel
   {
     static thread_local std::vector<float> scratch;  // kept across steps
 #pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < S; i++) {
-      if (out.rowErrors[i]) continue;
-      const SamplingParams& p = in.params[i];
-      Sampled s = sampleToken(k_, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, p,
-                              in.promptTokens.data() + in.promptOffsets[i], in.promptOffsets[i + 1] - in.promptOffsets[i],
-                              in.outputTokens.data() + in.outputOffsets[i], in.outputOffsets[i + 1] - in.outputOffsets[i],
-                              p.numLogprobs, out.topIds.data() + static_cast<size_t>(i) * out.topN,
-                              out.topLogprobs.data() + static_cast<size_t>(i) * out.topN, scratch);
-      out.tokens[i] = s.token;
-      out.logprobs[i] = s.logprob;
-      out.rowErrors[i] = s.error;
-    }
+    for (int i = 0; i < S; i++) sampleRow(k_, in, i, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, out, scratch);
   }
   const auto end = std::chrono::steady_clock::now();
   profile_.sampling += std::chrono::duration<double>(end - sampleStart).count();

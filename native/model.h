@@ -5,69 +5,25 @@
 #include <mutex>
 #include <vector>
 #include "kernels.h"
-#include "sampling.h"
+#include "step.h"
 #include "weights.h"
 
 namespace weft {
 
-struct ModelConfig {
-  int hidden = 0, intermediate = 0, layers = 0, heads = 0, kvHeads = 0, headDim = 0, vocab = 0;
-  float rmsEps = 1e-6f;
-  float attentionScaling = 1.0f;  // rope "attention_factor"; 1 for default and llama3
-  std::vector<float> invFreq;     // (headDim / 2) rope inverse frequencies, scaling applied
-  int numBlocks = 0, blockSize = 32;
-  // Compute mode: false = float32 (the exact reference path); true = bfloat16, every
-  // linear layer's input rounded to bf16 and its weights held as bf16 pair tiles.
-  bool bf16 = false;
-  // KV cache element: F32, or BF16/F16 (half the bytes: twice the tokens per byte of pool).
-  DType kvDtype = DType::F32;
-};
-
-// One forward step over a flat, variable-length batch (see src/runtime/native.ts).
-struct StepInput {
-  std::vector<int32_t> tokens;       // (T)
-  std::vector<int32_t> positions;    // (T)
-  std::vector<int32_t> seqStarts;    // (B+1) row offsets of each sequence
-  std::vector<int32_t> slotMapping;  // (T) block * blockSize + offset where each row's K/V goes
-  std::vector<int32_t> blockTables;  // (B * maxBlocks) physical block ids, -1 padded
-  std::vector<int32_t> contextLens;  // (B) tokens in the cache for each sequence after this step
-  int maxBlocks = 0;
-  std::vector<int32_t> sampleRows;   // (S) rows whose logits are sampled
-  std::vector<SamplingParams> params;  // (S)
-  std::vector<int32_t> promptOffsets, promptTokens;  // (S+1), flat: tokens for the repetition penalty
-  std::vector<int32_t> outputOffsets, outputTokens;  // (S+1), flat: generated tokens for all penalties
-  bool returnLogits = false;
-};
-
-struct StepOutput {
-  std::vector<int32_t> tokens;       // (S) sampled ids, -1 where the row failed
-  std::vector<const char*> rowErrors;  // (S) why a row could not be sampled, null when it was
-  std::vector<float> logprobs;       // (S) log-prob of each sampled id under the raw logits
-  int topN = 0;
-  std::vector<int32_t> topIds;       // (S * topN)
-  std::vector<float> topLogprobs;    // (S * topN)
-  std::vector<float> logits;         // (S * vocab) when asked
-};
-
-// Seconds spent per kind of work since the last read: the profile behind docs/PERFORMANCE.md.
-struct Profile {
-  double matmul = 0, attention = 0, lmHead = 0, sampling = 0, other = 0;
-  long steps = 0, tokens = 0;
-};
-
-class Model {
+class Model : public Backend {
  public:
   Model(ModelConfig config, Weights weights);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
-  StepOutput step(const StepInput& in);
-  size_t kvCacheBytes() const { return kvPoolBytes() * 2; }
-  const ModelConfig& config() const { return cfg_; }
-  Profile takeProfile();
+  StepOutput step(const StepInput& in) override;
+  size_t kvCacheBytes() const override { return kvPoolBytes() * 2; }
+  const ModelConfig& config() const override { return cfg_; }
+  Profile takeProfile() override;
+  const char* device() const override { return "cpu"; }
+  std::string deviceName() const override { return k_.name; }
 
  private:
-  void validate(const StepInput& in) const;
   void layer(int l, const StepInput& in);
   void linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y);
   // y = x · wᵀ in the model's compute mode (timed by the caller).

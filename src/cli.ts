@@ -30,10 +30,13 @@ export function intArg(name: string, min = 0): (v: string) => number {
   };
 }
 
-export function numArg(name: string): (v: string) => number {
+export function numArg(name: string, min?: number, max?: number): (v: string) => number {
   return (v) => {
     const n = Number(v);
     if (!Number.isFinite(n)) throw new InvalidArgumentError(`${name} must be a number`);
+    if ((min !== undefined && n < min) || (max !== undefined && n > max)) {
+      throw new InvalidArgumentError(`${name} must be between ${min ?? "-Infinity"} and ${max ?? "Infinity"}`);
+    }
     return n;
   };
 }
@@ -56,6 +59,12 @@ export function listArg(name: string): (v: string, all: string[]) => string[] {
 function dtypeOption(): Option {
   const f = ENGINE_FLAGS.find((e) => e.key === "dtype")!;
   return new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG.dtype);
+}
+
+/** `--device`, as the engine flag table defines it. */
+function deviceOption(): Option {
+  const f = ENGINE_FLAGS.find((e) => e.key === "device")!;
+  return new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG.device);
 }
 
 /** `--kv-cache-dtype`, as the engine flag table defines it. */
@@ -82,6 +91,7 @@ program
   .option("--ignore-eos", "keep generating past EOS")
   .option("--json", "print one JSON object")
   .addOption(dtypeOption())
+  .addOption(deviceOption())
   .action(generate);
 
 program
@@ -144,7 +154,7 @@ const serveCommand = program
 for (const f of ENGINE_FLAGS) {
   if (f.kind === "negatable") serveCommand.option(f.flag, f.description);
   else if (f.kind === "choice") serveCommand.addOption(new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG[f.key]));
-  else serveCommand.option(f.flag, f.description, f.kind === "int" ? intArg(f.flag.split(" ")[0]!, f.min) : numArg(f.flag.split(" ")[0]!), DEFAULT_ENGINE_CONFIG[f.key] as number);
+  else serveCommand.option(f.flag, f.description, f.kind === "int" ? intArg(f.flag.split(" ")[0]!, f.min) : numArg(f.flag.split(" ")[0]!, f.min, f.max), DEFAULT_ENGINE_CONFIG[f.key] as number);
 }
 serveCommand.action((o: Omit<ServeOptions, "engine">) => serve({ ...o, engine: engineConfigFromOptions(o as unknown as Record<string, unknown>) }));
 
@@ -198,6 +208,7 @@ bench
   .option("--max-num-batched-tokens <n>", "tokens per step", intArg("--max-num-batched-tokens", 1))
   .option("--json <file>", "write the results as JSON")
   .addOption(dtypeOption())
+  .addOption(deviceOption())
   .action(async (o: OfflineBenchOptions) => {
     if (o.mode !== "sweep" && o.mode !== "compare") throw new InvalidArgumentError("--mode must be sweep or compare");
     await offlineBench(o);
@@ -238,6 +249,7 @@ bench
   .option("--steps <n>", "decode steps per case", intArg("--steps", 1), 8)
   .addOption(dtypeOption())
   .addOption(kvCacheDtypeOption())
+  .addOption(deviceOption())
   .action(printProfile);
 bench
   .command("peer")

@@ -9,7 +9,7 @@ import { QUEUE_SHARES } from "../engine/admission.js";
 import { Priority } from "../engine/request.js";
 import { machineInfo, measureRooflines, modelInfo, rooflineShare, type RooflineShare, type Rooflines } from "./machine.js";
 import { attributeStep, speedup, summarize, table, type BenchResult, type RequestTiming, type StepTotals } from "./stats.js";
-import type { ComputeDtype } from "../runtime/native.js";
+import type { ComputeDtype, Device } from "../runtime/native.js";
 import { builtinPrompts, syntheticPrompts } from "./workload.js";
 import { resolveModelSource } from "../model/registry.js";
 
@@ -26,6 +26,8 @@ export interface OfflineBenchOptions {
   maxNumBatchedTokens?: number;
   /** Compute mode (default: the engine's default, auto). */
   dtype?: EngineConfig["dtype"];
+  /** Where the model runs (default: the engine's default, auto). */
+  device?: EngineConfig["device"];
   /** Print progress and tables (off in tests). */
   quiet?: boolean;
 }
@@ -63,8 +65,13 @@ export interface OfflineBenchReport {
   model: ReturnType<typeof modelInfo>;
   /** The compute mode the model ran in (`auto` resolved). */
   dtype: ComputeDtype;
-  /** The machine's limits, measured in this run, and each result's share of the one that binds it. */
-  rooflines: Rooflines;
+  /** Where the model ran. */
+  device: Device;
+  /**
+   * The CPU's limits, measured in this run, and each result's share of the one that binds it
+   * (null and empty on cuda: these are CPU rooflines).
+   */
+  rooflines: Rooflines | null;
   roofline_share: RooflineShare[];
   workload: Record<string, unknown>;
   results: BenchResult[];
@@ -86,6 +93,7 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
     // Only a prefix workload (--prefix-len) measures the cache, within each level.
     enablePrefixCaching: (o.prefixLen ?? 0) > 0,
     dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype,
+    device: o.device ?? DEFAULT_ENGINE_CONFIG.device,
   }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
   const vocab = m.checkpoint.config.vocab;
   const prompts = o.promptLen
@@ -93,8 +101,9 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
     : builtinPrompts(o.numPrompts, (t) => (m.tokenizer ? m.tokenizer.encodeChat([{ role: "user", content: t }]) : syntheticPrompts({ numPrompts: 1, promptLen: 16, vocab })[0]!));
   // One short warm-up request: page the weights in and size the buffers outside the timings.
   await runLevel(m, [prompts[0]!.slice(0, 8)], 2, 1, steps);
-  say("measuring the machine's rooflines…");
-  const rooflines = await measureRooflines();
+  const device = m.runner.info().device;
+  if (device === "cpu") say("measuring the machine's rooflines…");
+  const rooflines = device === "cpu" ? await measureRooflines() : null;
   const results: BenchResult[] = [];
   for (const c of levels) {
     say(`concurrency ${c}: ${prompts.length} requests × ${o.outputLen} tokens…`);
@@ -103,19 +112,21 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
   }
   const dtype = m.runner.info().dtype;
   const report: OfflineBenchReport = {
-    machine: machineInfo(), model: modelInfo(m.checkpoint), dtype, rooflines,
-    roofline_share: results.map((r) => rooflineShare(rooflines, m.checkpoint, dtype, m.runner.info().isa, r)),
+    machine: machineInfo(), model: modelInfo(m.checkpoint), dtype, device, rooflines,
+    roofline_share: rooflines ? results.map((r) => rooflineShare(rooflines, m.checkpoint, dtype, m.runner.info().isa, r)) : [],
     workload: { num_prompts: o.numPrompts, prompt_len: o.promptLen ?? "builtin", output_len: o.outputLen, prefix_len: o.prefixLen ?? 0, mode: o.mode },
     results,
   };
   if (o.mode === "compare") report.speedup = speedup(results[0]!, results[1]!);
   if (!o.quiet) {
-    console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores, kernels ${report.machine.kernels}, dtype ${report.dtype}`);
+    const info = m.runner.info();
+    console.log(`machine: ${report.machine.cpu}, ${report.machine.cores} cores, ` +
+      (device === "cuda" ? `device cuda (${info.deviceName})` : `kernels ${report.machine.kernels}`) + `, dtype ${report.dtype}`);
     console.log(`model: ${report.model.architecture} ${report.model.layers} layers, hidden ${report.model.hidden}, ${report.model.weight_dtype}, ${report.model.weight_gb} GB`);
-    console.log(`rooflines: read ${rooflines.read_gb_s} GB/s, fp32 FMA ${rooflines.fp32_gflops} GFLOP/s, bf16 dot ${rooflines.bf16_dot_gflops} GFLOP/s, AMX ${rooflines.amx_gflops} GFLOP/s`);
+    if (rooflines) console.log(`rooflines: read ${rooflines.read_gb_s} GB/s, fp32 FMA ${rooflines.fp32_gflops} GFLOP/s, bf16 dot ${rooflines.bf16_dot_gflops} GFLOP/s, AMX ${rooflines.amx_gflops} GFLOP/s`);
     console.log(`workload: ${JSON.stringify(report.workload)}`);
     console.log(table(results as unknown as Record<string, unknown>[], RESULT_COLUMNS));
-    console.log(table(report.roofline_share as unknown as Record<string, unknown>[], ["concurrency", "decode_bandwidth_pct", "decode_compute_pct", "prefill_compute_pct"]));
+    if (rooflines) console.log(table(report.roofline_share as unknown as Record<string, unknown>[], ["concurrency", "decode_bandwidth_pct", "decode_compute_pct", "prefill_compute_pct"]));
     if (report.speedup !== undefined) console.log(`speedup (all ${o.numPrompts} together vs one at a time, output tok/s): ${report.speedup}×`);
   }
   if (o.json) fs.writeFileSync(o.json, JSON.stringify(report, null, 2));

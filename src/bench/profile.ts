@@ -4,8 +4,8 @@
  * with `context` cached tokens each, and one prefill of `prefill` tokens.
  */
 import { loadCheckpoint } from "../model/checkpoint.js";
-import { ModelRunner, resolveDtype, resolveKvCacheDtype, type RunnerSequence } from "../runtime/model-runner.js";
-import { loadNative, type ComputeDtype, type KvCacheDtype } from "../runtime/native.js";
+import { ModelRunner, resolveDevice, resolveDtype, resolveKvCacheDtype, type RunnerSequence } from "../runtime/model-runner.js";
+import type { ComputeDtype, Device, KvCacheDtype } from "../runtime/native.js";
 import { defaultSamplingParams } from "../engine/sampling-params.js";
 import { table } from "./stats.js";
 import { resolveModelSource } from "../model/registry.js";
@@ -20,6 +20,8 @@ export interface ProfileOptions {
   dtype?: ComputeDtype | "auto";
   /** KV cache element (default auto: follows the compute mode). */
   kvCacheDtype?: KvCacheDtype | "auto";
+  /** Where the model runs (default auto). */
+  device?: Device | "auto";
 }
 
 export interface ProfileRow extends Record<string, unknown> {
@@ -35,14 +37,23 @@ export interface ProfileRow extends Record<string, unknown> {
   typescript_pct: number;
 }
 
-export async function profileSteps(o: ProfileOptions): Promise<ProfileRow[]> {
+export interface ProfileReport {
+  /** Device, compute dtype and KV cache element, as the loaded model reports them. */
+  header: string;
+  rows: ProfileRow[];
+}
+
+export async function profileSteps(o: ProfileOptions): Promise<ProfileReport> {
   const ckpt = loadCheckpoint(await resolveModelSource(o.model, { log: (m) => void process.stderr.write(`${m}\n`) }));
   const blockSize = 32;
   const maxB = Math.max(...o.batch);
   const perSeq = Math.ceil((Math.max(o.context + o.steps + 1, o.prefill)) / blockSize);
-  const dtype = resolveDtype(o.dtype ?? "auto");
+  const device = resolveDevice(o.device ?? "auto");
+  const dtype = resolveDtype(o.dtype ?? "auto", device);
   const kv = { numBlocks: perSeq * maxB + 1, blockSize, dtype: resolveKvCacheDtype(o.kvCacheDtype ?? "auto", dtype) };
-  const runner = await ModelRunner.create(ckpt, kv, dtype);
+  const runner = await ModelRunner.create(ckpt, kv, dtype, device);
+  const info = runner.info();
+  const header = `device ${info.device} (${info.deviceName}), dtype ${info.dtype}, KV cache ${info.kvCacheDtype}`;
   const params = defaultSamplingParams({ temperature: 0, maxTokens: 1 });
   const table_ = (b: number): number[] => Array.from({ length: perSeq }, (_, i) => b * perSeq + i);
   const rows: ProfileRow[] = [];
@@ -85,12 +96,11 @@ export async function profileSteps(o: ProfileOptions): Promise<ProfileRow[]> {
     }], 2);
   }
   await runner.dispose();
-  return rows;
+  return { header, rows };
 }
 
 export async function printProfile(o: ProfileOptions): Promise<void> {
-  const rows = await profileSteps(o);
-  const dtype = resolveDtype(o.dtype ?? "auto");
-  console.log(`dtype ${dtype}, KV cache ${resolveKvCacheDtype(o.kvCacheDtype ?? "auto", dtype)}, kernels ${loadNative().isa()}`);
+  const { header, rows } = await profileSteps(o);
+  console.log(header);
   console.log(table(rows, Object.keys(rows[0]!)));
 }

@@ -6,6 +6,7 @@ import { resolveModelSource } from "../model/registry.js";
 
 export interface GenerateOptions {
   dtype?: EngineConfig["dtype"];
+  device?: EngineConfig["device"];
   model: string;
   prompt?: string;
   promptIds?: string;
@@ -23,7 +24,8 @@ export interface GenerateOptions {
 export async function generate(o: GenerateOptions): Promise<void> {
   if ((o.prompt === undefined) === (o.promptIds === undefined)) throw new Error("give exactly one of --prompt and --prompt-ids");
   const log = (msg: string): void => void process.stderr.write(`${msg}\n`);
-  const m = await createModel("cli", await resolveModelSource(o.model, { log }), { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1, dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype },
+  const m = await createModel("cli", await resolveModelSource(o.model, { log }), { ...DEFAULT_ENGINE_CONFIG, kvCacheMemory: 256 * 2 ** 20, maxNumSeqs: 1, dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype,
+    device: o.device ?? DEFAULT_ENGINE_CONFIG.device },
     { log });
   let promptIds: number[];
   if (o.promptIds !== undefined) {

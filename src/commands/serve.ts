@@ -135,9 +135,10 @@ export async function serve(o: ServeOptions): Promise<void> {
   process.on("SIGINT", () => stop("SIGINT"));
   // Engines are created on first use; check each checkpoint's config now so a bad one fails at start.
   for (const [id, dir] of models) {
-    const c = loadCheckpoint(dir).config; // a directory or a GGUF file; a bad one fails here, at start
-    const kv = planKv(c, manager.config);
-    log.info(`model ${id}: ${c.architecture} at ${dir}; context ${kv.maxModelLen} tokens; KV cache ${kv.numBlocks} blocks × ` +
+    const ckpt = loadCheckpoint(dir); // a directory or a GGUF file; a bad one fails here, at start
+    const c = ckpt.config;
+    const kv = planKv(c, manager.config, ckpt.weightBytes);
+    log.info(`model ${id}: ${c.architecture} at ${dir}; device ${kv.device}, dtype ${kv.dtype}; context ${kv.maxModelLen} tokens; KV cache ${kv.numBlocks} blocks × ` +
       `${manager.config.blockSize} tokens, ${kv.kvCacheDtype} (${((kv.numBlocks * kv.bytesPerBlock) / 2 ** 20).toFixed(0)} MiB); engine starts on first request`);
   }
   await manager.prepare(); // tokenizers built before serving: no model load blocks the event loop on one later

@@ -47,6 +47,13 @@ export interface EngineConfig {
    * tokens in the same kvCacheMemory; auto (the default) follows the resolved dtype.
    */
   kvCacheDtype: "auto" | "float32" | "bfloat16" | "float16";
+  /** Where the model runs: auto (the default) is CUDA when the addon has it and a GPU is visible, else the CPU. */
+  device: "auto" | "cpu" | "cuda";
+  /**
+   * On CUDA, the share of the GPU's memory this process may fill (vLLM's flag): weights, activations
+   * and the KV pool, which gets what is left. 0 (the default): the pool is --kv-cache-memory bytes.
+   */
+  gpuMemoryUtilization: number;
 }
 
 export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
@@ -63,6 +70,8 @@ export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
   maxModelLen: 0,
   dtype: "auto",
   kvCacheDtype: "auto",
+  device: "auto",
+  gpuMemoryUtilization: 0,
 };
 
 /** What an engine learns from its model and KV plan, as opposed to what it is configured with. */
@@ -80,8 +89,10 @@ export interface EngineFlag {
   flag: string;
   description: string;
   kind: "int" | "number" | "negatable" | "choice";
-  /** Smallest accepted value (int flags). */
+  /** Smallest accepted value (int and number flags). */
   min?: number;
+  /** Largest accepted value (number flags). */
+  max?: number;
   /** The accepted values (choice flags). */
   choices?: readonly string[];
 }
@@ -99,6 +110,8 @@ export const ENGINE_FLAGS: readonly EngineFlag[] = [
   { key: "maxWaitingPerTenant", flag: "--max-waiting-per-tenant <n>", description: "waiting sequences one API key may hold (0: no cap)", kind: "int", min: 0 },
   { key: "maxModelLen", flag: "--max-model-len <n>", description: "cap the context length (0: the model's)", kind: "int", min: 0 },
   { key: "dtype", flag: "--dtype <dtype>", description: "compute mode: bfloat16 is fast, float32 exact; auto picks bfloat16 on CPUs with AVX512_BF16 or AMX", kind: "choice", choices: ["auto", "float32", "bfloat16"] },
+  { key: "device", flag: "--device <device>", description: "where the model runs: auto is cuda when a GPU is visible (and the addon was built with CUDA), else cpu", kind: "choice", choices: ["auto", "cpu", "cuda"] },
+  { key: "gpuMemoryUtilization", flag: "--gpu-memory-utilization <fraction>", description: "on cuda, the share of GPU memory to fill, the KV pool taking what weights and activations leave (0: use --kv-cache-memory)", kind: "number", min: 0, max: 1 },
   { key: "kvCacheDtype", flag: "--kv-cache-dtype <dtype>", description: "KV cache element: bfloat16/float16 hold twice the tokens, float32 is exact; auto follows --dtype", kind: "choice", choices: ["auto", "float32", "bfloat16", "float16"] },
 ];
 

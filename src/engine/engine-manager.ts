@@ -8,8 +8,9 @@ import fs from "node:fs";
 import path from "node:path";
 import { loadCheckpoint, type Checkpoint } from "../model/checkpoint.js";
 import { TextTokenizer } from "../model/tokenizer.js";
-import { kvElementBytes, ModelRunner, resolveDtype, resolveKvCacheDtype } from "../runtime/model-runner.js";
-import type { KvCacheDtype } from "../runtime/native.js";
+import { kvElementBytes, ModelRunner, resolveDevice, resolveDtype, resolveKvCacheDtype } from "../runtime/model-runner.js";
+import { loadNative } from "../runtime/native.js";
+import type { ComputeDtype, Device, KvCacheDtype } from "../runtime/native.js";
 import { EngineError } from "./errors.js";
 import { DEFAULT_ENGINE_CONFIG, type EngineConfig, type ModelLimits } from "./engine-config.js";
 import { PromptEncoder } from "../model/prompt-encoder.js";
@@ -36,6 +37,8 @@ export function kvBytesPerBlock(c: Checkpoint["config"], blockSize: number, elem
 }
 
 export interface KvPlan {
+  device: Device;
+  dtype: ComputeDtype;
   /** The context length served. */
   maxModelLen: number;
   numBlocks: number;
@@ -44,17 +47,40 @@ export interface KvPlan {
   bytesPerBlock: number;
 }
 
-/** The context length served and the KV pool's size in blocks, from the config alone (logged at start). */
-export function planKv(c: Checkpoint["config"], cfg: EngineConfig): KvPlan {
-  const kvCacheDtype = resolveKvCacheDtype(cfg.kvCacheDtype, resolveDtype(cfg.dtype));
+/**
+ * The KV pool's bytes: --kv-cache-memory, or on CUDA with --gpu-memory-utilization, what that share
+ * of the GPU leaves after memory others hold, the weights (`weightBytes`, as stored: an upper bound
+ * for their bf16 copy) and the step's activations.
+ */
+function kvBudget(c: Checkpoint["config"], cfg: EngineConfig, device: Device, weightBytes: number): number {
+  if (device !== "cuda" || cfg.gpuMemoryUtilization <= 0) return cfg.kvCacheMemory;
+  const gpu = loadNative().cudaDevices()[0]!;
+  const rowBytes = 4 * (3 * c.hidden + 3 * c.intermediate + (c.heads + 2 * c.kvHeads) * c.headDim);
+  const activations = 512 * 2 ** 20 + cfg.maxNumBatchedTokens * rowBytes + cfg.maxNumSeqs * c.vocab * 4;
+  const budget = cfg.gpuMemoryUtilization * gpu.totalBytes - (gpu.totalBytes - gpu.freeBytes) - weightBytes - activations;
+  if (budget <= 0) {
+    throw new Error(`--gpu-memory-utilization ${cfg.gpuMemoryUtilization} leaves no room for the KV cache on ${gpu.name} ` +
+      `(${(gpu.freeBytes / 2 ** 30).toFixed(1)} GiB free of ${(gpu.totalBytes / 2 ** 30).toFixed(1)}, weights ${(weightBytes / 2 ** 30).toFixed(1)} GiB)`);
+  }
+  return budget;
+}
+
+/**
+ * The device, the context length served and the KV pool's size in blocks, from the config alone
+ * (logged at start); `weightBytes` sizes the pool under --gpu-memory-utilization.
+ */
+export function planKv(c: Checkpoint["config"], cfg: EngineConfig, weightBytes = 0): KvPlan {
+  const device = resolveDevice(cfg.device);
+  const dtype = resolveDtype(cfg.dtype, device);
+  const kvCacheDtype = resolveKvCacheDtype(cfg.kvCacheDtype, dtype);
   const bytesPerBlock = kvBytesPerBlock(c, cfg.blockSize, kvElementBytes(kvCacheDtype));
   const wanted = cfg.maxModelLen > 0 ? Math.min(cfg.maxModelLen, c.maxPositions) : c.maxPositions;
   // More blocks than every sequence at full length can use would only be prefix cache; cap there.
   const useful = Math.ceil(wanted / cfg.blockSize) * cfg.maxNumSeqs;
-  const numBlocks = Math.max(1, Math.min(useful, Math.floor(cfg.kvCacheMemory / bytesPerBlock)));
+  const numBlocks = Math.max(1, Math.min(useful, Math.floor(kvBudget(c, cfg, device, weightBytes) / bytesPerBlock)));
   // A context the pool cannot hold even for one request is not served (a chat request's default
   // max_tokens is the rest of the context, so it must fit).
-  return { maxModelLen: Math.min(wanted, numBlocks * cfg.blockSize), numBlocks, kvCacheDtype, bytesPerBlock };
+  return { device, dtype, maxModelLen: Math.min(wanted, numBlocks * cfg.blockSize), numBlocks, kvCacheDtype, bytesPerBlock };
 }
 
 /** Loads a model directory and builds its engine; the weights are mapped and packed off the event loop. */
@@ -62,8 +88,8 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   tokenizer = loadTokenizer(dir)): Promise<LoadedModel> {
   const checkpoint = loadCheckpoint(dir);
   const c = checkpoint.config;
-  const { maxModelLen, numBlocks, kvCacheDtype } = planKv(c, cfg);
-  const runner = await ModelRunner.create(checkpoint, { numBlocks, blockSize: cfg.blockSize, dtype: kvCacheDtype }, resolveDtype(cfg.dtype));
+  const { device, dtype, maxModelLen, numBlocks, kvCacheDtype } = planKv(c, cfg, checkpoint.weightBytes);
+  const runner = await ModelRunner.create(checkpoint, { numBlocks, blockSize: cfg.blockSize, dtype: kvCacheDtype }, dtype, device);
   const eos = [...c.eosTokenIds];
   const eosTok = tokenizer?.eosToken ? tokenizer.tokenId(tokenizer.eosToken) : undefined;
   if (eosTok !== undefined && !eos.includes(eosTok)) eos.push(eosTok);
@@ -72,7 +98,8 @@ export async function createModel(id: string, dir: string, cfg: EngineConfig, ho
   const info = runner.info();
   hooks.log?.(`model ${id}: ${c.architecture}, ${c.layers} layers, hidden ${c.hidden}, vocab ${c.vocab}, ` +
     `${(checkpoint.weightBytes / 1e9).toFixed(2)} GB weights${checkpoint.quantization ? ` (${checkpoint.quantization})` : ""}; KV cache ${numBlocks} blocks × ${cfg.blockSize} tokens ` +
-    `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, ${info.kvCacheDtype}); dtype ${info.dtype}, kernels ${info.isa}, ${info.threads} threads`);
+    `(${(info.kvCacheBytes / 2 ** 20).toFixed(0)} MiB, ${info.kvCacheDtype}); dtype ${info.dtype}, ` +
+    (info.device === "cuda" ? `device cuda (${info.deviceName})` : `kernels ${info.isa}, ${info.threads} threads, device cpu`));
   return { id, dir, checkpoint, tokenizer, encoder: new PromptEncoder(dir, tokenizer, pool, maxModelLen), runner, engine, lastUsed: Date.now() };
 }
 
@@ -173,10 +200,20 @@ export class EngineManager {
     const s = this.state(id);
     return {
       id, object: "model", created: 0, owned_by: "weft", status: s.state,
-      dtype: s.state === "ready" ? s.model.runner.info().dtype : resolveDtype(this.config.dtype),
+      ...this.placement(s),
       ...(s.state === "ready" ? { max_model_len: s.model.engine.limits.maxModelLen } : {}),
       ...(s.state === "ready" && s.model.checkpoint.quantization ? { quantization: s.model.checkpoint.quantization } : {}),
     };
+  }
+
+  /** Where a model runs and in which compute mode: as loaded, or as it would load now. */
+  private placement(s: ModelState): { device: Device; dtype: ComputeDtype } {
+    if (s.state === "ready") {
+      const info = s.model.runner.info();
+      return { device: info.device, dtype: info.dtype };
+    }
+    const device = resolveDevice(this.config.device);
+    return { device, dtype: resolveDtype(this.config.dtype, device) };
   }
 
   async shutdown(timeoutMs: number): Promise<void> {

@@ -3,7 +3,7 @@
  * the event loop, and hands back what each sequence sampled. The ground floor:
  * it takes plain data and imports nothing from engine/ or model/.
  */
-import { loadNative, type ComputeDtype, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeModelSpec, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
+import { loadNative, type ComputeDtype, type Device, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeModelSpec, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
 import { ropeInvFreq, type RopeScaling } from "./rope.js";
 
 /** The sampling settings the kernel reads (an engine's request params carry more). */
@@ -89,10 +89,31 @@ export interface KvLayout {
 }
 
 /**
- * `auto` is bfloat16 where the kernels in use have bf16 hardware (AMX or
- * AVX512_BF16), else float32: the fast path by default, the exact one on request.
+ * `auto` is CUDA when this build has the CUDA backend and a GPU is visible, else the CPU.
+ * `cuda` where there is none throws, saying why.
  */
-export function resolveDtype(dtype: ComputeDtype | "auto"): ComputeDtype {
+export function resolveDevice(device: Device | "auto"): Device {
+  if (device === "cpu") return "cpu";
+  const native = loadNative();
+  gpusVisible ??= native.cudaBuilt() && native.cudaDevices().length > 0;  // asked once: /v1/models resolves it per call
+  if (device === "auto") return gpusVisible ? "cuda" : "cpu";
+  if (!native.cudaBuilt()) throw new Error("--device cuda: this build of the addon has no CUDA backend (rebuild with nvcc and cuBLAS present; see docs/GPU.md)");
+  if (!gpusVisible) throw new Error("--device cuda: no CUDA GPU is visible to this process");
+  return "cuda";
+}
+
+let gpusVisible: boolean | undefined;
+
+/**
+ * `auto` is bfloat16 on CUDA, and on a CPU whose kernels have bf16 hardware (AMX or
+ * AVX512_BF16), else float32: the fast path by default, the exact one on request.
+ * CUDA computes in bfloat16 only: float32 there throws.
+ */
+export function resolveDtype(dtype: ComputeDtype | "auto", device: Device = "cpu"): ComputeDtype {
+  if (device === "cuda") {
+    if (dtype === "float32") throw new Error("--dtype float32 is not available on CUDA (it computes in bfloat16); use --device cpu for the exact path");
+    return "bfloat16";
+  }
   if (dtype !== "auto") return dtype;
   return loadNative().bf16Hardware() ? "bfloat16" : "float32";
 }
@@ -125,15 +146,15 @@ export class ModelRunner {
 
   /**
    * Loads the weights and reserves the KV pool on a worker thread: the event loop keeps running.
-   * `dtype` defaults to float32, the reference path.
+   * `dtype` defaults to float32, the reference path; `device` to the CPU.
    */
-  static async create(model: RunnerModel, kv: KvLayout, dtype: ComputeDtype = "float32"): Promise<ModelRunner> {
+  static async create(model: RunnerModel, kv: KvLayout, dtype: ComputeDtype = "float32", device: Device = "cpu"): Promise<ModelRunner> {
     const c = model.config;
     const native = await loadNative().loadModel({
       hidden: c.hidden, intermediate: c.intermediate, layers: c.layers, heads: c.heads, kvHeads: c.kvHeads,
       headDim: c.headDim, vocab: c.vocab, rmsEps: c.rmsEps, attentionScaling: 1,
       invFreq: ropeInvFreq(c.headDim, c.ropeTheta, c.ropeScaling),
-      numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype, kvCacheDtype: kv.dtype ?? "float32", weights: model.weights,
+      numBlocks: kv.numBlocks, blockSize: kv.blockSize, dtype, kvCacheDtype: kv.dtype ?? "float32", device, weights: model.weights,
     });
     return new ModelRunner(native, c.vocab, kv);
   }

@@ -26,6 +26,9 @@ export type ComputeDtype = "float32" | "bfloat16";
  */
 export type KvCacheDtype = "float32" | "bfloat16" | "float16";
 
+/** Where a model runs: the CPU kernels, or the CUDA backend (an addon built with nvcc; see docs/GPU.md). */
+export type Device = "cpu" | "cuda";
+
 /** Kernel sets, best first: AMX-BF16 tiles, AVX512_BF16, AVX-512, AVX2, portable. */
 export type KernelSet = "amx" | "avx512bf16" | "avx512" | "avx2" | "scalar";
 
@@ -90,6 +93,8 @@ export interface NativeModelSpec {
   blockSize: number;
   dtype: ComputeDtype;
   kvCacheDtype: KvCacheDtype;
+  /** cpu when left out. cuda uploads the weights as bf16 to GPU 0 and needs dtype bfloat16. */
+  device?: Device;
   weights: NativeWeights;
 }
 
@@ -146,6 +151,10 @@ export interface NativeStepOutput {
 }
 
 export interface NativeModelInfo {
+  device: Device;
+  /** The GPU's name on cuda; the kernel set on cpu. */
+  deviceName: string;
+  /** The CPU kernels in use (on cuda: the sampler's, for rows not sampled on the GPU). */
   isa: KernelSet;
   threads: number;
   kvCacheBytes: number;
@@ -159,6 +168,15 @@ export interface NativeCpuFeatures {
   avx512: boolean;
   avx512bf16: boolean;
   amx: boolean;
+}
+
+/** A GPU the CUDA backend can use. */
+export interface NativeCudaDevice {
+  name: string;
+  totalBytes: number;
+  freeBytes: number;
+  /** e.g. "9.0" */
+  computeCapability: string;
 }
 
 /** Seconds per kind of work since the previous read, and the steps and token rows they covered. */
@@ -222,6 +240,10 @@ export interface NativeAddon {
    * non-finite value, naming its row and column.
    */
   quantizeWeights(type: QuantizeType, values: Float32Array, cols: number): Uint8Array;
+  /** Whether this build has the CUDA backend (nvcc and cuBLAS were found when it was built). */
+  cudaBuilt(): boolean;
+  /** The GPUs the CUDA backend can use: none in a CPU-only build or without a visible GPU. */
+  cudaDevices(): NativeCudaDevice[];
 }
 
 /** The block types `quantizeWeights` writes. */

@@ -1,0 +1,356 @@
+#include "cuda_kernels.h"
+#include <cuda_fp16.h>
+#include <cfloat>
+#include <stdexcept>
+#include <string>
+
+namespace weft::cuda {
+namespace {
+
+__device__ __forceinline__ float warpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float blockSum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warpSum(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float p = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0f;
+    p = warpSum(p);
+    if (lane == 0) total = p;
+  }
+  __syncthreads();
+  const float r = total;
+  __syncthreads();  // partial/total may be reused by a second call
+  return r;
+}
+
+template <class E> __device__ __forceinline__ float load(const E* p);
+template <> __device__ __forceinline__ float load<float>(const float* p) { return *p; }
+template <> __device__ __forceinline__ float load<bf16>(const bf16* p) { return __bfloat162float(*p); }
+template <> __device__ __forceinline__ float load<__half>(const __half* p) { return __half2float(*p); }
+
+template <class E> __device__ __forceinline__ E store(float v);
+template <> __device__ __forceinline__ float store<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 store<bf16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half store<__half>(float v) { return __float2half_rn(v); }
+
+int roundUp32(int n) { return (n + 31) / 32 * 32; }
+
+__global__ void embedKernel(const int32_t* tokens, const bf16* table, int hidden, float* x) {
+  const bf16* row = table + static_cast<size_t>(tokens[blockIdx.x]) * hidden;
+  float* out = x + static_cast<size_t>(blockIdx.x) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = __bfloat162float(row[i]);
+}
+
+__global__ void rmsnormKernel(const float* x, const int32_t* rows, int n, const float* weight, float eps, bf16* out) {
+  const int row = rows ? rows[blockIdx.x] : blockIdx.x;
+  const float* xr = x + static_cast<size_t>(row) * n;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  const float inv = 1.0f / sqrtf(blockSum(ss) / n + eps);
+  bf16* o = out + static_cast<size_t>(blockIdx.x) * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2bfloat16_rn(weight[i] * (xr[i] * inv));
+}
+
+// One block per (row, head of q, k or v); blockDim.x = hd rounded up to a warp.
+template <class E>
+__global__ void qkvKernel(QkvArgs a) {
+  extern __shared__ float v[];  // hd
+  const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x, hd = a.hd;
+  const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
+  float* row = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(head) * hd;
+  float x = 0.0f;
+  if (d < hd) x = row[d] + (a.bias ? a.bias[head * hd + d] : 0.0f);
+  const int slot = a.slots[t];
+  const size_t cacheAt = (static_cast<size_t>(slot) * a.kvHeads) * hd;
+  if (head >= a.heads + a.kvHeads) {  // v: straight into the cache
+    if (d < hd) static_cast<E*>(a.vCache)[cacheAt + static_cast<size_t>(head - a.heads - a.kvHeads) * hd + d] = store<E>(x);
+    return;
+  }
+  const bool isQ = head < a.heads;
+  const float* norm = isQ ? a.qNorm : a.kNorm;
+  if (norm) {  // block-uniform branch
+    const float inv = 1.0f / sqrtf(blockSum(x * x) / hd + a.eps);
+    if (d < hd) x = norm[d] * (x * inv);
+  }
+  if (d < hd) v[d] = x;
+  __syncthreads();
+  const int half = hd / 2;
+  if (d < half) {
+    // The angle in fp32 as transformers computes it, cos/sin rounded once from double (as the CPU path).
+    const float angle = static_cast<float>(a.positions[t]) * a.invFreq[d];
+    const float c = static_cast<float>(cos(static_cast<double>(angle))) * a.attentionScaling;
+    const float s = static_cast<float>(sin(static_cast<double>(angle))) * a.attentionScaling;
+    const float lo = v[d], hi = v[d + half];
+    const float rlo = lo * c - hi * s, rhi = hi * c + lo * s;
+    if (isQ) {
+      row[d] = rlo;
+      row[d + half] = rhi;
+    } else {
+      E* k = static_cast<E*>(a.kCache) + cacheAt + static_cast<size_t>(head - a.heads) * hd;
+      k[d] = store<E>(rlo);
+      k[d + half] = store<E>(rhi);
+    }
+  }
+}
+
+constexpr int kAttnWarps = 8;
+constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are in flight together
+
+// One block per (row, q head), kAttnWarps warps splitting the keys; each lane holds head
+// dimensions lane, lane + 32, ... (DPL of them). Online softmax in fp32, merged across warps at the end.
+template <class E, int DPL>
+__global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
+  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hd = a.hd, kvh = h / (a.heads / a.kvHeads);
+  const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
+  const float* q = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(h) * hd;
+  float qr[DPL], acc[DPL];
+#pragma unroll
+  for (int j = 0; j < DPL; j++) {
+    const int d = lane + 32 * j;
+    qr[j] = d < hd ? q[d] * a.scale : 0.0f;
+    acc[j] = 0.0f;
+  }
+  const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
+  const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
+  const E* K = static_cast<const E*>(a.kCache);
+  const E* V = static_cast<const E*>(a.vCache);
+  float m = -FLT_MAX, l = 0.0f;
+  // Warp w takes keys w, w + kAttnWarps, ...; kAttnUnroll of them per iteration, loaded before any is used.
+  for (int base = warp; base <= last; base += kAttnWarps * kAttnUnroll) {
+    float kr[kAttnUnroll][DPL], vr[kAttnUnroll][DPL];
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; u++) {
+      const int key = min(base + u * kAttnWarps, last);  // past the end: a valid key, ignored below
+      const size_t at = ((static_cast<size_t>(table[key / a.blockSize]) * a.blockSize + key % a.blockSize) * a.kvHeads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < DPL; j++) {
+        const int d = lane + 32 * j;
+        kr[u][j] = d < hd ? load<E>(K + at + d) : 0.0f;
+        vr[u][j] = d < hd ? load<E>(V + at + d) : 0.0f;
+      }
+    }
+    float score[kAttnUnroll];
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; u++) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < DPL; j++) dot += qr[j] * kr[u][j];
+      score[u] = warpSum(dot);
+    }
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; u++) {
+      if (base + u * kAttnWarps > last) break;
+      const float mNew = fmaxf(m, score[u]);
+      const float corr = __expf(m - mNew), p = __expf(score[u] - mNew);
+      l = l * corr + p;
+#pragma unroll
+      for (int j = 0; j < DPL; j++) acc[j] = acc[j] * corr + p * vr[u][j];
+      m = mNew;
+    }
+  }
+  __shared__ float ms[kAttnWarps], ls[kAttnWarps];
+  __shared__ float accs[kAttnWarps][DPL * 32];
+  if (lane == 0) {
+    ms[warp] = m;
+    ls[warp] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < DPL; j++) accs[warp][lane + 32 * j] = acc[j];
+  __syncthreads();
+  float M = -FLT_MAX;
+  for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, ms[w]);
+  float L = 0.0f;
+  for (int w = 0; w < kAttnWarps; w++) L += ls[w] * __expf(ms[w] - M);  // a warp with no key has l = 0
+  bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kAttnWarps; w++) o += accs[w][d] * __expf(ms[w] - M);
+    out[d] = __float2bfloat16_rn(o / L);
+  }
+}
+
+constexpr int kSkinnyWarps = 8;
+
+// One warp per output column n: lanes take 8 consecutive k at a time (one 16-byte load of w and of
+// each x row), then the warp sums its partial dot products.
+template <int R>
+__global__ void __launch_bounds__(kSkinnyWarps * 32) skinnyKernel(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps only
+  const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n) * K);
+  float acc[R];
+#pragma unroll
+  for (int t = 0; t < R; t++) acc[t] = 0.0f;
+  const int chunks = K / 8;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    const uint4 wv = __ldg(wr + c);
+    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+    float2 wf[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) wf[j] = __bfloat1622float2(wp[j]);
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+      if (t >= T) break;
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(t) * K) + c);
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float2 xf = __bfloat1622float2(xp[j]);
+        acc[t] = fmaf(xf.x, wf[j].x, acc[t]);
+        acc[t] = fmaf(xf.y, wf[j].y, acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < R; t++) {
+    if (t >= T) break;
+    const float v = warpSum(acc[t]);
+    if (lane == 0) {
+      float* out = y + static_cast<size_t>(t) * N + n;
+      *out = beta == 0.0f ? v : v + beta * *out;
+    }
+  }
+}
+
+__global__ void siluMulKernel(const float* gu, int I, bf16* out) {
+  const float* g = gu + static_cast<size_t>(blockIdx.x) * 2 * I;
+  bf16* o = out + static_cast<size_t>(blockIdx.x) * I;
+  for (int i = threadIdx.x; i < I; i += blockDim.x) {
+    const float x = g[i];
+    o[i] = __float2bfloat16_rn(x / (1.0f + expf(-x)) * g[I + i]);
+  }
+}
+
+__global__ void greedyKernel(const float* logits, int vocab, Greedy* out) {
+  const float* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
+  float best = -INFINITY;
+  int arg = vocab;
+  int finite = 1;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float x = row[i];
+    if (!isfinite(x)) finite = 0;
+    if (x > best) {  // strided from low to high: the first maximum within a thread is its lowest index
+      best = x;
+      arg = i;
+    }
+  }
+  __shared__ float bv[32];
+  __shared__ int bi[32];
+  __shared__ float M;
+  __shared__ int A;
+  // Max with the lowest index on ties: within the warp, then across warps.
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (ov > best || (ov == best && oi < arg)) {
+      best = ov;
+      arg = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) {
+    bv[warp] = best;
+    bi[warp] = arg;
+  }
+  finite = __syncthreads_and(finite);
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < warps; w++)
+      if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) {
+        bv[0] = bv[w];
+        bi[0] = bi[w];
+      }
+    M = bv[0];
+    A = bi[0];
+  }
+  __syncthreads();
+  float sum = 0.0f;
+  if (finite)
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(row[i] - M);
+  sum = blockSum(sum);
+  if (threadIdx.x == 0) out[blockIdx.x] = {A, finite ? row[A] - (M + logf(sum)) : 0.0f, finite};
+}
+
+void launched(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <class E>
+void qkvFor(const QkvArgs& a, cudaStream_t s) {
+  const int threads = roundUp32(a.hd);
+  qkvKernel<E><<<dim3(a.T, a.heads + 2 * a.kvHeads), threads, a.hd * sizeof(float), s>>>(a);
+}
+
+template <class E>
+void attentionFor(const AttentionArgs& a, cudaStream_t s) {
+  const dim3 grid(a.T, a.heads);
+  const int threads = kAttnWarps * 32;
+  if (a.hd <= 32) attentionKernel<E, 1><<<grid, threads, 0, s>>>(a);
+  else if (a.hd <= 64) attentionKernel<E, 2><<<grid, threads, 0, s>>>(a);
+  else if (a.hd <= 128) attentionKernel<E, 4><<<grid, threads, 0, s>>>(a);
+  else attentionKernel<E, 8><<<grid, threads, 0, s>>>(a);
+}
+
+}  // namespace
+
+void embed(const int32_t* tokens, int T, const bf16* table, int hidden, float* x, cudaStream_t s) {
+  embedKernel<<<T, 256, 0, s>>>(tokens, table, hidden, x);
+  launched("embed");
+}
+
+void rmsnormToBf16(const float* x, const int32_t* rows, int n, const float* weight, float eps, int count, bf16* out,
+                   cudaStream_t s) {
+  if (count == 0) return;
+  rmsnormKernel<<<count, 256, 0, s>>>(x, rows, n, weight, eps, out);
+  launched("rmsnorm");
+}
+
+void qkvNormRopeCache(const QkvArgs& a, cudaStream_t s) {
+  if (a.hd > 1024) throw std::invalid_argument("head_dim above 1024 is not supported on CUDA");
+  if (a.kv == KvElem::F32) qkvFor<float>(a, s);
+  else if (a.kv == KvElem::BF16) qkvFor<bf16>(a, s);
+  else qkvFor<__half>(a, s);
+  launched("qkv");
+}
+
+void pagedAttention(const AttentionArgs& a, cudaStream_t s) {
+  if (a.hd > 256) throw std::invalid_argument("head_dim above 256 is not supported on CUDA");
+  if (a.kv == KvElem::F32) attentionFor<float>(a, s);
+  else if (a.kv == KvElem::BF16) attentionFor<bf16>(a, s);
+  else attentionFor<__half>(a, s);
+  launched("attention");
+}
+
+void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1..8 and K a multiple of 8");
+  const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
+  if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else if (T <= 2) skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else if (T <= 4) skinnyKernel<4><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else skinnyKernel<8><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  launched("skinnyGemm");
+}
+
+void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s) {
+  siluMulKernel<<<T, 256, 0, s>>>(gu, I, out);
+  launched("siluMul");
+}
+
+void greedy(const float* logits, int S, int vocab, Greedy* out, cudaStream_t s) {
+  if (S == 0) return;
+  greedyKernel<<<S, 1024, 0, s>>>(logits, vocab, out);
+  launched("greedy");
+}
+
+}  // namespace weft::cuda

@@ -1,0 +1,68 @@
+// The CUDA backend's device kernels, one launcher each (native/cuda/cuda_kernels.cu).
+// Activations between kernels: the residual stream and every GEMM output in fp32, each
+// GEMM input in bf16 (as transformers runs a bf16 model, with fp32 accumulation).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace weft::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// The KV pools' element: float, __nv_bfloat16 or __half.
+enum class KvElem { F32, BF16, F16 };
+
+// x[t] = embed[tokens[t]] widened to fp32.
+void embed(const int32_t* tokens, int T, const bf16* table, int hidden, float* x, cudaStream_t s);
+
+// out[r] = bf16(weight * x[row] * rsqrt(mean(x[row]²) + eps)); row = rows ? rows[r] : r.
+void rmsnormToBf16(const float* x, const int32_t* rows, int n, const float* weight, float eps, int count, bf16* out,
+                   cudaStream_t s);
+
+// The fused q/k/v output (T × (heads + 2·kvHeads)·hd, fp32): adds the biases, applies the per-head
+// q/k RMSNorm and RoPE to q and k in place, and writes k and v into their cache slots.
+struct QkvArgs {
+  float* qkv;
+  const float* bias;                  // (heads + 2·kvHeads)·hd, or null
+  const float *qNorm, *kNorm;         // (hd) each, or null
+  const float* invFreq;               // (hd / 2)
+  float attentionScaling, eps;
+  const int32_t *positions, *slots;   // (T)
+  void *kCache, *vCache;              // this layer's pools: (slots, kvHeads, hd)
+  KvElem kv;
+  int T, heads, kvHeads, hd;
+};
+void qkvNormRopeCache(const QkvArgs& a, cudaStream_t s);
+
+// Causal attention of every row over its sequence's cached K/V (itself included), read through
+// the block table; out is (T, heads·hd) in bf16, the output projection's input.
+struct AttentionArgs {
+  const float* qkv;                   // q at row stride (heads + 2·kvHeads)·hd
+  const void *kCache, *vCache;
+  KvElem kv;
+  const int32_t *positions, *seqOf, *blockTables;  // (T), (T), (B × maxBlocks)
+  bf16* out;
+  int T, heads, kvHeads, hd, blockSize, maxBlocks;
+  float scale;
+};
+void pagedAttention(const AttentionArgs& a, cudaStream_t s);
+
+// y (T × N, fp32) = x (T × K, bf16) · wᵀ (N × K, bf16) + beta · y, for few rows (T <= kSkinnyRows,
+// K a multiple of 8): one warp per output column streams its weight row once with 16-byte loads, so a
+// decode step of a few sequences reads the weights at close to the memory's bandwidth.
+constexpr int kSkinnyRows = 8;
+void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
+
+// out[t, i] = bf16(silu(gu[t, i]) · gu[t, I + i]) for the fused gate/up output (T × 2I).
+void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s);
+
+// Per row of logits (S × vocab): the lowest-index argmax, its log-probability, and whether the row is all finite.
+struct Greedy {
+  int32_t token;
+  float logprob;
+  int32_t finite;
+};
+void greedy(const float* logits, int S, int vocab, Greedy* out, cudaStream_t s);
+
+}  // namespace weft::cuda

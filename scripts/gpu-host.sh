@@ -1,0 +1,22 @@
+#!/bin/sh
+# Runs on the GPU host, from the folder scripts/gpu-bundle.mjs wrote: unpacks Node and Weft into
+# $WEFT_HOME (default /tmp/weft), builds the addon with nvcc (CUDA 12/13 toolkit with cuBLAS), then
+# runs the given command in the unpacked tree, with `node` on PATH and WEFT_FIXTURES set where the
+# bundle carries fixtures. Example: sh gpu-host.sh node dist/src/cli.js bench profile --model m --device cuda
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+home=${WEFT_HOME:-/tmp/weft}
+mkdir -p "$home/node"
+if [ ! -x "$home/node/bin/node" ]; then xz -dc "$here/node.tar.xz" | tar -xf - -C "$home/node"; fi
+if [ ! -d "$home/weft" ]; then xz -dc "$here/weft.tar.xz" | tar -xf - -C "$home"; fi
+export PATH="$home/node/bin:${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+if [ -d "$here/fixtures" ]; then export WEFT_FIXTURES="$here/fixtures"; fi
+cd "$home/weft"
+if [ ! -f build/Release/weft_native.node ]; then
+  # The GPU's own SM version (e.g. 90 on an H100) unless WEFT_CUDA_ARCH names others.
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+  WEFT_CUDA=1 WEFT_CUDA_ARCH=${WEFT_CUDA_ARCH:-${arch:-90}} node --input-type=module \
+    -e 'import { nodeGyp } from "./scripts/node-gyp.mjs"; nodeGyp(["rebuild", "--release"], process.cwd());' >"$home/build.log" 2>&1 ||
+    { tail -50 "$home/build.log"; exit 1; }
+fi
+if [ "$#" -gt 0 ]; then exec "$@"; fi
