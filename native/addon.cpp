@@ -174,6 +174,9 @@ StepInput parseStep(const Napi::Object& o) {
   in.promptTokens = int32s(o, "promptTokens");
   in.outputOffsets = int32s(o, "outputOffsets");
   in.outputTokens = int32s(o, "outputTokens");
+  in.scoreRows = int32s(o, "scoreRows");
+  in.scoreTargets = typed<int32_t, napi_int32_array>(o, "scoreTargets", in.scoreRows.size(), "Int32Array");
+  in.scoreTopN = typed<int32_t, napi_int32_array>(o, "scoreTopN", in.scoreRows.size(), "Int32Array");
   in.returnLogits = o.Get("returnLogits").ToBoolean();
   return in;
 }
@@ -250,6 +253,11 @@ class StepWorker : public Napi::AsyncWorker {
     for (uint32_t i = 0; i < out_.rowErrors.size(); i++)
       errors.Set(i, out_.rowErrors[i] ? Napi::Value(Napi::String::New(env, out_.rowErrors[i])) : env.Null());
     r.Set("rowErrors", errors);
+    r.Set("scoreLogprobs", copyOut<float, Napi::Float32Array>(env, out_.scoreLogprobs));
+    r.Set("scoreRanks", copyOut<int32_t, Napi::Int32Array>(env, out_.scoreRanks));
+    r.Set("scoreTopN", out_.scoreTopN);
+    r.Set("scoreTopIds", copyOut<int32_t, Napi::Int32Array>(env, out_.scoreTopIds));
+    r.Set("scoreTopLogprobs", copyOut<float, Napi::Float32Array>(env, out_.scoreTopLogprobs));
     if (in_.returnLogits) r.Set("logits", copyOut<float, Napi::Float32Array>(env, out_.logits));
     deferred_.Resolve(r);
   }

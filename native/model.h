@@ -36,6 +36,9 @@ struct StepInput {
   std::vector<SamplingParams> params;  // (S)
   std::vector<int32_t> promptOffsets, promptTokens;  // (S+1), flat: tokens for the repetition penalty
   std::vector<int32_t> outputOffsets, outputTokens;  // (S+1), flat: generated tokens for all penalties
+  // Prompt log-probs: row scoreRows[i]'s logits score token scoreTargets[i] (the prompt's next token)
+  // and give their top scoreTopN[i]. Reduced per row in the step, a few rows at a time: no (rows × vocab) output.
+  std::vector<int32_t> scoreRows, scoreTargets, scoreTopN;  // (R)
   bool returnLogits = false;
 };
 
@@ -47,6 +50,11 @@ struct StepOutput {
   std::vector<int32_t> topIds;       // (S * topN)
   std::vector<float> topLogprobs;    // (S * topN)
   std::vector<float> logits;         // (S * vocab) when asked
+  std::vector<float> scoreLogprobs;  // (R) log-prob of each scored target under its row's raw logits
+  std::vector<int32_t> scoreRanks;   // (R) 1 + the number of tokens with a higher logit than the target
+  int scoreTopN = 0;
+  std::vector<int32_t> scoreTopIds;  // (R * scoreTopN), -1 where a row asked fewer
+  std::vector<float> scoreTopLogprobs;  // (R * scoreTopN)
 };
 
 // Seconds spent per kind of work since the last read: the profile behind docs/PERFORMANCE.md.
@@ -69,6 +77,9 @@ class Model {
  private:
   void validate(const StepInput& in) const;
   void layer(int l, const StepInput& in);
+  // Final norm → vocabulary projection of `n` rows of x_ (row ids in `rows`) into logits.
+  void headRows(const int32_t* rows, int n, std::vector<float>& rowBuf, float* logits);
+  void scorePrompt(const StepInput& in, StepOutput& out);
   void linear(const float* x, int T, const PackedMatrix& w, const std::vector<float>& bias, float* y);
   // y = x · wᵀ in the model's compute mode (timed by the caller).
   void project(const float* x, int T, const PackedMatrix& w, float* y);
@@ -115,7 +126,7 @@ class Model {
   void writeKv(int l, const StepInput& in);
   // Activations, grown to the largest step seen and reused.
   std::vector<uint16_t> xbf16_;  // bfloat16 mode: a matmul's input rows rounded
-  std::vector<float> rows_, logits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
+  std::vector<float> rows_, logits_, scoreLogits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
 };
 
 }  // namespace weft

@@ -155,6 +155,33 @@ const char* samplingError(const SamplingParams& p) {
   return nullptr;
 }
 
+float logSumExp(const Kernels& k, const float* logits, int vocab, float maxLogit, std::vector<float>& scratch) {
+  scratch.assign(logits, logits + vocab);
+  return maxLogit + std::log(k.expSum(scratch.data(), vocab, maxLogit));
+}
+
+void topLogprobs(const float* logits, int vocab, float lse, int n, int32_t* ids, float* lps) {
+  // One pass keeping the best n in a small heap (worst on top).
+  ByLogit better{logits};
+  std::vector<int> heap;
+  heap.reserve(n + 1);
+  for (int i = 0; i < vocab; i++) {
+    if (static_cast<int>(heap.size()) < n) {
+      heap.push_back(i);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(i, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = i;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), better);
+  for (int i = 0; i < n; i++) {
+    ids[i] = heap[i];
+    lps[i] = logits[heap[i]] - lse;
+  }
+}
+
 Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const SamplingParams& p,
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch) {
@@ -162,8 +189,7 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   if (!allFinite(logits, vocab)) return failed("the model produced non-finite logits");
   const int best = argmax(logits, vocab);
   const float maxLogit = logits[best];
-  scratch.assign(logits, logits + vocab);
-  const float lse = maxLogit + std::log(k.expSum(scratch.data(), vocab, maxLogit));
+  const float lse = logSumExp(k, logits, vocab, maxLogit, scratch);
 
   // Biases and penalties change a copy; without them the raw logits are sampled directly.
   const float* work = logits;
@@ -194,27 +220,7 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   }
   s.logprob = logits[s.token] - lse;
 
-  if (topN > 0) {  // one pass keeping the best topN in a small heap (worst on top)
-    const int n = std::min(topN, vocab);
-    ByLogit better{logits};
-    std::vector<int> heap;
-    heap.reserve(n + 1);
-    for (int i = 0; i < vocab; i++) {
-      if (static_cast<int>(heap.size()) < n) {
-        heap.push_back(i);
-        std::push_heap(heap.begin(), heap.end(), better);
-      } else if (better(i, heap.front())) {
-        std::pop_heap(heap.begin(), heap.end(), better);
-        heap.back() = i;
-        std::push_heap(heap.begin(), heap.end(), better);
-      }
-    }
-    std::sort(heap.begin(), heap.end(), better);
-    for (int i = 0; i < n; i++) {
-      topIds[i] = heap[i];
-      topLps[i] = logits[heap[i]] - lse;
-    }
-  }
+  if (topN > 0) topLogprobs(logits, vocab, lse, std::min(topN, vocab), topIds, topLps);
   return s;
 }
 

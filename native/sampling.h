@@ -35,6 +35,13 @@ struct Sampled {
 // Why `p` cannot be sampled with (a field out of range once rounded to float32), or null.
 const char* samplingError(const SamplingParams& p);
 
+// log Σ exp(logits) over the vocabulary, given its largest element (`scratch` is overwritten):
+// the normaliser of the raw distribution, computed one way for sampled and scored rows alike.
+float logSumExp(const struct Kernels& k, const float* logits, int vocab, float maxLogit, std::vector<float>& scratch);
+
+// The best `n` tokens of `logits` (higher first, lower id on ties) with their log-probs under `lse`.
+void topLogprobs(const float* logits, int vocab, float lse, int n, int32_t* ids, float* lps);
+
 // Samples one token from `logits` (vocab floats, left unchanged). Writes the
 // top `topN` (id, logprob) pairs of the raw distribution into topIds/topLps.
 // `p` must pass samplingError. Fails (Sampled::error) without throwing when the

@@ -59,6 +59,11 @@ export interface RunnerSequence {
   blockTable: readonly number[];
   /** Sample from the last row's logits. */
   sample: SampleRequest | null;
+  /**
+   * Prompt log-probs: rows firstRow .. firstRow + targets.length - 1 of this step's
+   * tokens each score targets[i] (the token that follows it) and give their top `topN`.
+   */
+  score?: { firstRow: number; targets: readonly number[]; topN: number };
   /** Fidelity checks: return logits for every row of this sequence (greedy-sampled, results ignored). */
   allLogits?: boolean;
 }
@@ -72,6 +77,11 @@ export interface SampleResult extends TokenLogprob {
   top: TokenLogprob[];
 }
 
+/** A prompt token's log-prob under the previous position's logits, its rank (1 = most likely) and that position's top-N. */
+export interface PromptScore extends SampleResult {
+  rank: number;
+}
+
 export interface StepResult {
   /** Per sequence: what it sampled, or null (not sampled this step, or failed: see errors). */
   samples: (SampleResult | null)[];
@@ -79,6 +89,8 @@ export interface StepResult {
   errors: (string | null)[];
   /** Per sequence, when asked: (rows × vocab) logits. */
   logits?: (Float32Array | null)[];
+  /** Per sequence: its scored rows' results, in order (empty when it asked for none). */
+  scores?: PromptScore[][];
 }
 
 export interface KvLayout {
@@ -169,6 +181,7 @@ export class ModelRunner {
     const sampleRows: number[] = [], params: RunnerSampling[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
     const prompt: number[][] = [], output: number[][] = [], bias: (readonly [number, number])[][] = [];
     const masks: (Int32Array | undefined)[] = [];
+    const scoreRows: number[] = [], scoreTargets: number[] = [], scoreTopN: number[] = [];
     let row = 0;
     seqs.forEach((s, b) => {
       seqStarts[b] = row;
@@ -195,6 +208,11 @@ export class ModelRunner {
         prompt.push(penal ? [...req.promptIds] : []);
         output.push(penal ? [...req.outputIds] : []);
       }
+      s.score?.targets.forEach((target, i) => {
+        scoreRows.push(row + s.score!.firstRow + i);
+        scoreTargets.push(target);
+        scoreTopN.push(s.score!.topN);
+      });
       row += s.tokenIds.length;
     });
     seqStarts[seqs.length] = row;
@@ -222,6 +240,7 @@ export class ModelRunner {
       biasOffsets, biasIds, biasValues: Float32Array.from(bias.flat(), ([, v]) => v),
       ...this.flatMasks(masks),
       promptOffsets, promptTokens, outputOffsets, outputTokens,
+      scoreRows: Int32Array.from(scoreRows), scoreTargets: Int32Array.from(scoreTargets), scoreTopN: Int32Array.from(scoreTopN),
       returnLogits: seqs.some((s) => s.allLogits),
       rowsPerSeq,
     };
@@ -248,7 +267,8 @@ export class ModelRunner {
     const samples: (SampleResult | null)[] = [];
     const errors: (string | null)[] = [];
     const logits: (Float32Array | null)[] = [];
-    let r = 0;
+    const scores: PromptScore[][] = [];
+    let r = 0, scored = 0;
     seqs.forEach((s, b) => {
       const rows = input.rowsPerSeq[b]!;
       if (out.logits && s.allLogits) logits.push(out.logits.slice(r * this.vocab, (r + rows) * this.vocab));
@@ -266,7 +286,17 @@ export class ModelRunner {
         samples.push(null);
       }
       r += rows;
+      const mine: PromptScore[] = [];
+      for (const tokenId of s.score?.targets ?? []) {
+        const top: TokenLogprob[] = [];
+        for (let i = 0; i < s.score!.topN; i++) {
+          top.push({ tokenId: out.scoreTopIds[scored * out.scoreTopN + i]!, logprob: out.scoreTopLogprobs[scored * out.scoreTopN + i]! });
+        }
+        mine.push({ tokenId, logprob: out.scoreLogprobs[scored]!, rank: out.scoreRanks[scored]!, top });
+        scored++;
+      }
+      scores.push(mine);
     });
-    return out.logits ? { samples, errors, logits } : { samples, errors };
+    return out.logits ? { samples, errors, logits, scores } : { samples, errors, scores };
   }
 }

@@ -114,6 +114,14 @@ export interface NativeStepInput {
   promptTokens: Int32Array;
   outputOffsets: Int32Array; // (S+1) into outputTokens (all penalties)
   outputTokens: Int32Array;
+  /**
+   * Prompt log-probs: row scoreRows[i]'s logits score token scoreTargets[i] (the
+   * prompt's next token) and give their top scoreTopN[i] (0..1000). Reduced in
+   * the step a few rows at a time; no (R × vocab) array is made. Empty = none.
+   */
+  scoreRows: Int32Array; // (R)
+  scoreTargets: Int32Array; // (R)
+  scoreTopN: Int32Array; // (R)
   /** Return the (S × vocab) logits too: the forward pass's raw output, for fidelity checks. */
   returnLogits?: boolean;
 }
@@ -131,6 +139,11 @@ export interface NativeStepOutput {
   topIds: Int32Array; // (S * topN), -1 where a row asked fewer
   topLogprobs: Float32Array; // (S * topN)
   logits?: Float32Array; // (S * vocab)
+  scoreLogprobs: Float32Array; // (R) log-prob of each scored target under its row's raw logits
+  scoreRanks: Int32Array; // (R) 1 + the number of tokens whose logit is above the target's
+  scoreTopN: number;
+  scoreTopIds: Int32Array; // (R * scoreTopN), -1 where a row asked fewer
+  scoreTopLogprobs: Float32Array; // (R * scoreTopN)
 }
 
 export interface NativeModelInfo {
