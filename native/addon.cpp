@@ -144,10 +144,21 @@ StepInput parseStep(const Napi::Object& o) {
   auto biasValues = typed<float, napi_float32_array>(o, "biasValues", biasIds.size(), "Float32Array");
   if (biasOffsets[0] != 0 || biasOffsets[S] != static_cast<int32_t>(biasIds.size()))
     throw std::invalid_argument("step input 'biasOffsets' does not cover 'biasIds'");
-  // Grammar masks: row i's maskWords words start at masks[maskOffsets[i]]; -1 = no mask.
-  auto maskOffsets = typed<int32_t, napi_int32_array>(o, "maskOffsets", S, "Int32Array");
-  auto masks = int32s(o, "masks");
-  const int32_t maskWords = intField(o, "maskWords");
+  // Grammar masks: read in place by the step (see StepInput; the worker keeps the arrays alive).
+  in.maskOffsets = typed<int32_t, napi_int32_array>(o, "maskOffsets", S, "Int32Array");
+  in.maskWords = intField(o, "maskWords");
+  Napi::Value masks = o.Get("masks");
+  if (!masks.IsTypedArray() || masks.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    throw std::invalid_argument("step input 'masks' must be an Int32Array");
+  in.masks = reinterpret_cast<const uint32_t*>(masks.As<Napi::Int32Array>().Data());
+  in.masksLength = masks.As<Napi::Int32Array>().ElementLength();
+  Napi::Value ready = o.Get("masksReady");
+  if (!ready.IsUndefined()) {
+    if (!ready.IsTypedArray() || ready.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array ||
+        ready.As<Napi::Int32Array>().ElementLength() != 1)
+      throw std::invalid_argument("step input 'masksReady' must be an Int32Array of one element (on a SharedArrayBuffer)");
+    in.masksReady = ready.As<Napi::Int32Array>().Data();
+  }
   for (size_t i = 0; i < S; i++) {
     SamplingParams p;
     p.temperature = temperature[i];
@@ -162,12 +173,6 @@ StepInput parseStep(const Napi::Object& o) {
     p.seed = seeds[i];
     if (biasOffsets[i] > biasOffsets[i + 1]) throw std::invalid_argument("step input 'biasOffsets' must not decrease");
     for (int32_t j = biasOffsets[i]; j < biasOffsets[i + 1]; j++) p.bias.emplace_back(biasIds[j], biasValues[j]);
-    if (maskOffsets[i] != -1) {
-      const int64_t end = static_cast<int64_t>(maskOffsets[i]) + maskWords;
-      if (maskOffsets[i] < 0 || maskWords <= 0 || end > static_cast<int64_t>(masks.size()))
-        throw std::invalid_argument("step input 'maskOffsets' points outside 'masks'");
-      p.mask.assign(masks.begin() + maskOffsets[i], masks.begin() + end);
-    }
     in.params.push_back(p);  // values are checked per row by the step (samplingError): a bad row fails alone
   }
   in.promptOffsets = int32s(o, "promptOffsets");
@@ -224,10 +229,15 @@ class FreeWorker : public Napi::AsyncWorker {
 
 class StepWorker : public Napi::AsyncWorker {
  public:
-  StepWorker(Napi::Env env, std::shared_ptr<ModelState> state, StepInput in)
+  // `arrays`: the input's arrays the step reads in place (the masks), kept alive until it ends.
+  StepWorker(Napi::Env env, std::shared_ptr<ModelState> state, StepInput in, const Napi::Object& input)
       : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), state_(std::move(state)),
         model_(state_->model.get()), in_(std::move(in)) {
     state_->stepping = true;
+    for (const char* key : {"masks", "masksReady"}) {
+      Napi::Value v = input.Get(key);
+      if (v.IsObject()) held_.push_back(Napi::Persistent(v.As<Napi::Object>()));
+    }
   }
   Napi::Promise promise() { return deferred_.Promise(); }
 
@@ -278,6 +288,7 @@ class StepWorker : public Napi::AsyncWorker {
   Model* model_;
   StepInput in_;
   StepOutput out_;
+  std::vector<Napi::ObjectReference> held_;
 };
 
 // Reads and repacks every matrix (from the files mapped while parsing) and
@@ -341,7 +352,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
       return rejected(env, e.what());
     }
     if (state_->stepping) return rejected(env, "a step is already running on this model");
-    auto* worker = new StepWorker(env, state_, std::move(in));
+    auto* worker = new StepWorker(env, state_, std::move(in), info[0].As<Napi::Object>());
     Napi::Promise p = worker->promise();
     worker->Queue();
     return p;

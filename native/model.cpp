@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include "ops.h"
 #include "quant.h"
@@ -36,6 +37,18 @@ class Timer {
   double& into_;
   std::chrono::steady_clock::time_point start_;
 };
+
+// Waits (sleeping, not spinning: the thread that writes the masks may need this core) until
+// the JS side has written the masks: true once they are in, false if it could not make them.
+bool awaitMasks(const int32_t* ready) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    const int32_t v = __atomic_load_n(ready, __ATOMIC_ACQUIRE);
+    if (v != 0) return v == 1;
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
 
 }  // namespace
 
@@ -93,6 +106,12 @@ void Model::validate(const StepInput& in) const {
   require(in.params.size() == S, "sampling params length != sample rows");
   require(in.promptOffsets.size() == S + 1 && in.outputOffsets.size() == S + 1, "penalty offsets length != rows + 1");
   for (size_t i = 0; i < S; i++) require(in.sampleRows[i] >= 0 && static_cast<size_t>(in.sampleRows[i]) < T, "sample row out of range");
+  require(in.maskOffsets.size() == S, "maskOffsets length != sample rows");
+  for (size_t i = 0; i < S; i++) {
+    if (in.maskOffsets[i] == -1) continue;
+    require(in.maskWords == (cfg_.vocab + 31) / 32, "a token mask does not cover the vocabulary");
+    require(in.maskOffsets[i] >= 0 && static_cast<size_t>(in.maskOffsets[i]) + in.maskWords <= in.masksLength, "maskOffsets points outside masks");
+  }
   const size_t R = in.scoreRows.size();
   require(in.scoreTargets.size() == R && in.scoreTopN.size() == R, "scoreTargets/scoreTopN length != scoreRows");
   for (size_t i = 0; i < R; i++) {
@@ -283,6 +302,8 @@ StepOutput Model::step(const StepInput& in) {
   }
   out.topIds.assign(static_cast<size_t>(S) * out.topN, -1);
   out.topLogprobs.assign(static_cast<size_t>(S) * out.topN, 0.0f);
+  // Masks made while the forward pass ran: wait for them (the wait counts as "other" time).
+  const bool masksMade = !in.masksReady || awaitMasks(in.masksReady);
 #pragma omp parallel
   {
     static thread_local std::vector<float> scratch;  // kept across steps
@@ -290,7 +311,12 @@ StepOutput Model::step(const StepInput& in) {
     for (int i = 0; i < S; i++) {
       if (out.rowErrors[i]) continue;
       const SamplingParams& p = in.params[i];
-      Sampled s = sampleToken(k_, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, p,
+      const uint32_t* mask = in.maskOffsets[i] == -1 ? nullptr : in.masks + in.maskOffsets[i];
+      if (mask && !masksMade) {
+        out.rowErrors[i] = "the token mask could not be made";
+        continue;
+      }
+      Sampled s = sampleToken(k_, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, p, mask,
                               in.promptTokens.data() + in.promptOffsets[i], in.promptOffsets[i + 1] - in.promptOffsets[i],
                               in.outputTokens.data() + in.outputOffsets[i], in.outputOffsets[i + 1] - in.outputOffsets[i],
                               p.numLogprobs, out.topIds.data() + static_cast<size_t>(i) * out.topN,

@@ -34,6 +34,15 @@ struct StepInput {
   int maxBlocks = 0;
   std::vector<int32_t> sampleRows;   // (S) rows whose logits are sampled
   std::vector<SamplingParams> params;  // (S)
+  // Grammar masks (structured outputs): row i's maskWords words start at masks[maskOffsets[i]], -1 = none.
+  // The words are read in place (the addon keeps the JS array alive). When masksReady is set, the masks
+  // are still being written while the forward pass runs: sampling waits until *masksReady is 1
+  // (written; 2 = they could not be made, and the masked rows fail).
+  std::vector<int32_t> maskOffsets;  // (S)
+  const uint32_t* masks = nullptr;
+  size_t masksLength = 0;
+  int maskWords = 0;
+  const int32_t* masksReady = nullptr;
   std::vector<int32_t> promptOffsets, promptTokens;  // (S+1), flat: tokens for the repetition penalty
   std::vector<int32_t> outputOffsets, outputTokens;  // (S+1), flat: generated tokens for all penalties
   // Prompt log-probs: row scoreRows[i]'s logits score token scoreTargets[i] (the prompt's next token)

@@ -182,7 +182,7 @@ void topLogprobs(const float* logits, int vocab, float lse, int n, int32_t* ids,
   }
 }
 
-Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const SamplingParams& p,
+Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const SamplingParams& p, const uint32_t* mask,
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch) {
   // Log-probs are reported from the model's raw distribution, as vLLM does by default.
@@ -194,16 +194,13 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   // Biases and penalties change a copy; without them the raw logits are sampled directly.
   const float* work = logits;
   const bool penalised = p.repetitionPenalty != 1.0f || p.presencePenalty != 0.0f || p.frequencyPenalty != 0.0f;
-  if (penalised || !p.bias.empty() || !p.mask.empty()) {
+  if (penalised || !p.bias.empty() || mask) {
     scratch.assign(logits, logits + vocab);
     for (const auto& [id, value] : p.bias) {
       if (id < 0 || id >= vocab) return failed("a logit_bias token id is outside the vocabulary");
       scratch[id] += value;
     }
-    if (!p.mask.empty()) {
-      if (p.mask.size() != static_cast<size_t>(vocab + 31) / 32) return failed("the token mask does not cover the vocabulary");
-      applyMask(scratch.data(), p.mask.data(), vocab);
-    }
+    if (mask) applyMask(scratch.data(), mask, vocab);
     std::vector<int> counts;
     if (penalised) applyPenalties(scratch.data(), p, prompt, nPrompt, output, nOutput, vocab, counts);
     if (!samplable(scratch.data(), vocab)) return failed("the biases, penalties or token mask left no token to sample");

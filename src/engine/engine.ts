@@ -6,7 +6,7 @@ import { randomUUID } from "node:crypto";
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
 import { IncrementalDetokenizer } from "../model/detokenizer.js";
 import type { TextTokenizer } from "../model/tokenizer.js";
-import type { RunnerSequence, StepResult } from "../runtime/model-runner.js";
+import type { MaskSource, RunnerSequence, StepResult } from "../runtime/model-runner.js";
 import { AdmissionPolicy, refusalError } from "./admission.js";
 import type { EngineConfig, ModelLimits } from "./engine-config.js";
 import { EngineError } from "./errors.js";
@@ -190,14 +190,14 @@ export class Engine {
   private async execute(scheduled: ScheduledRequest[]): Promise<StepResult | null> {
     const start = this.now();
     try {
-      // A constrained row samples under its grammar's mask; other rows are untouched.
-      const masks = await Promise.all(scheduled.map(({ request: r, sample }) => (sample && r.grammar ? nextMask(r, r.grammar) : undefined)));
-      const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }, i) => ({
+      // A constrained row samples under its grammar's mask, made while the step's forward pass runs
+      // (its matcher took the previous token in process()); other rows are untouched.
+      const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }) => ({
         tokenIds: r.allTokenIds.slice(r.numComputedTokens, r.numComputedTokens + numTokens),
         startPosition: r.numComputedTokens,
         blockTable: this.kv.blockIds(r.id),
         ...(r.params.promptLogprobs !== null ? { score: r.scoreSpan(numTokens) } : {}),
-        sample: sample && r.params.maxTokens > 0 ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r), mask: masks[i] } : null,
+        sample: sample && r.params.maxTokens > 0 ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r), ...maskOf(r) } : null,
       }));
       const result = await this.runner.execute(seqs);
       this.steps++;
@@ -316,6 +316,13 @@ export class Engine {
     this.observer.finished?.(r);
     l.stream.push(out);
   }
+}
+
+/** A constrained request's mask, as the runner takes it: made once the step has started. */
+function maskOf(r: Request): { mask?: MaskSource } {
+  const grammar = r.grammar;
+  if (!grammar) return {};
+  return { mask: () => nextMask(r, grammar) };
 }
 
 /** The request's next token mask; its matcher is made at its first sampled step (not while it waits in the queue). */

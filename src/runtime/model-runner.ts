@@ -45,9 +45,16 @@ export interface SampleRequest {
   outputIds: readonly number[];
   /** Token ids that cannot be sampled at this step (EOS and stop tokens before min_tokens). */
   banned?: readonly number[];
-  /** Grammar mask (structured outputs): ceil(vocab / 32) words, bit t set = token t may be sampled. */
-  mask?: Int32Array;
+  /**
+   * Grammar mask (structured outputs): ceil(vocab / 32) words, bit t set = token t may be sampled.
+   * A function is called once the step has started and its mask is written while the forward
+   * pass runs (sampling waits for it); undefined from it = no mask.
+   */
+  mask?: Int32Array | MaskSource;
 }
+
+/** A mask made on demand (see SampleRequest.mask). */
+export type MaskSource = () => Promise<Int32Array | undefined>;
 
 /** One sequence's share of a step. */
 export interface RunnerSequence {
@@ -162,8 +169,34 @@ export class ModelRunner {
 
   async execute(seqs: readonly RunnerSequence[]): Promise<StepResult> {
     const input = this.buildInput(seqs);
-    const out = await this.native.step(input);
+    const out = input.sources.length > 0 ? await this.stepWhileMasking(input) : await this.native.step(input);
     return this.unpack(seqs, out, input);
+  }
+
+  /**
+   * Starts the step, then makes the deferred masks while its forward pass runs on the
+   * worker thread, writing each into its place in the shared buffer; the step samples
+   * once they are all in. A mask that cannot be made fails the step after it ends.
+   */
+  private async stepWhileMasking(input: NativeStepInput & { sources: { at: number; make: MaskSource }[] }): Promise<NativeStepOutput> {
+    const ready = input.masksReady!;
+    const step = this.native.step(input);
+    step.catch(() => undefined); // awaited below, after the masks
+    let failure: unknown = null;
+    try {
+      for (const { at, make } of input.sources) {
+        const m = await make();
+        if (m && m.length !== input.maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${input.maskWords}`);
+        input.masks.set(m ?? new Int32Array(input.maskWords).fill(-1), at); // none: every token allowed
+      }
+    } catch (e) {
+      failure = e;
+    } finally {
+      Atomics.store(ready, 0, failure === null ? 1 : 2);
+    }
+    const out = await step;
+    if (failure !== null) throw failure;
+    return out;
   }
 
   /** Frees the weights and KV pool now (after a step in flight); later calls to execute() reject with "model disposed". */
@@ -171,7 +204,7 @@ export class ModelRunner {
     return this.native.dispose();
   }
 
-  private buildInput(seqs: readonly RunnerSequence[]): NativeStepInput & { rowsPerSeq: number[] } {
+  private buildInput(seqs: readonly RunnerSequence[]): NativeStepInput & { rowsPerSeq: number[]; sources: { at: number; make: MaskSource }[] } {
     const bs = this.kv.blockSize;
     const T = seqs.reduce((n, s) => n + s.tokenIds.length, 0);
     const maxBlocks = Math.max(1, ...seqs.map((s) => Math.ceil((s.startPosition + s.tokenIds.length) / bs)));
@@ -180,7 +213,7 @@ export class ModelRunner {
     const blockTables = new Int32Array(seqs.length * maxBlocks).fill(-1);
     const sampleRows: number[] = [], params: RunnerSampling[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
     const prompt: number[][] = [], output: number[][] = [], bias: (readonly [number, number])[][] = [];
-    const masks: (Int32Array | undefined)[] = [];
+    const masks: (Int32Array | MaskSource | undefined)[] = [];
     const scoreRows: number[] = [], scoreTargets: number[] = [], scoreTopN: number[] = [];
     let row = 0;
     seqs.forEach((s, b) => {
@@ -246,21 +279,27 @@ export class ModelRunner {
     };
   }
 
-  /** Each row's grammar mask, end to end; -1 offsets for rows without one. */
-  private flatMasks(rows: readonly (Int32Array | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords"> {
+  /**
+   * Each row's grammar mask, end to end; -1 offsets for rows without one. Masks still to be
+   * made get their place in a SharedArrayBuffer, filled by stepWhileMasking.
+   */
+  private flatMasks(rows: readonly (Int32Array | MaskSource | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords" | "masksReady"> & { sources: { at: number; make: MaskSource }[] } {
     const maskWords = Math.ceil(this.vocab / 32);
-    const present = rows.filter((m) => m !== undefined);
-    const masks = new Int32Array(present.length * maskWords);
+    const count = rows.filter((m) => m !== undefined).length;
+    const sources: { at: number; make: MaskSource }[] = [];
+    const deferred = rows.some((m) => typeof m === "function");
+    const masks = deferred ? new Int32Array(new SharedArrayBuffer(count * maskWords * 4)) : new Int32Array(count * maskWords);
     const maskOffsets = new Int32Array(rows.length).fill(-1);
     let at = 0;
     rows.forEach((m, i) => {
       if (!m) return;
-      if (m.length !== maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${maskWords}`);
-      masks.set(m, at);
+      if (typeof m === "function") sources.push({ at, make: m });
+      else if (m.length !== maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${maskWords}`);
+      else masks.set(m, at);
       maskOffsets[i] = at;
       at += maskWords;
     });
-    return { maskOffsets, masks, maskWords };
+    return { maskOffsets, masks, maskWords, sources, ...(deferred ? { masksReady: new Int32Array(new SharedArrayBuffer(4)) } : {}) };
   }
 
   private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {

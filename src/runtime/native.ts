@@ -108,8 +108,15 @@ export interface NativeStepInput {
   biasIds: Int32Array; // token ids whose logit is biased before sampling
   biasValues: Float32Array; // added to those logits (-Infinity bans the token)
   maskOffsets: Int32Array; // (S) start of the row's grammar mask in masks, -1 = none
-  masks: Int32Array; // maskWords words per mask: bit t of word t/32 set = token t may be sampled
+  masks: Int32Array; // maskWords words per mask: bit t of word t/32 set = token t may be sampled; read in place
   maskWords: number; // ceil(vocab / 32)
+  /**
+   * Masks written while the step runs: `masks` and this one element live on a
+   * SharedArrayBuffer; the forward pass starts at once and sampling waits until
+   * the caller stores 1 here with Atomics.store (the masks are in), or 2 (they
+   * could not be made: the masked rows fail). Absent: the masks are ready now.
+   */
+  masksReady?: Int32Array;
   promptOffsets: Int32Array; // (S+1) into promptTokens (repetition penalty)
   promptTokens: Int32Array;
   outputOffsets: Int32Array; // (S+1) into outputTokens (all penalties)
