@@ -73,9 +73,22 @@ bool samplable(const float* v, int n) {
   return bad == 0 && any != 0;
 }
 
-// Tokens whose mask bit is clear can never be sampled.
+// Tokens whose mask bit is clear can never be sampled. Word by word: all-allowed and all-banned
+// words (most of them, in most grammar states) take no per-token test, and a mixed word visits only
+// its clear bits (a per-token test mispredicts on such words: it was 10x slower).
 void applyMask(float* logits, const uint32_t* mask, int vocab) {
-  for (int t = 0; t < vocab; t++)
+  const int words = vocab / 32;
+  for (int w = 0; w < words; w++) {
+    const uint32_t m = mask[w];
+    float* l = logits + static_cast<size_t>(w) * 32;
+    if (m == ~0u) continue;
+    if (m == 0) {
+      std::fill(l, l + 32, -INFINITY);
+      continue;
+    }
+    for (uint32_t banned = ~m; banned != 0; banned &= banned - 1) l[__builtin_ctz(banned)] = -INFINITY;
+  }
+  for (int t = words * 32; t < vocab; t++)
     if (!((mask[t >> 5] >> (t & 31)) & 1u)) logits[t] = -INFINITY;
 }
 
@@ -211,8 +224,12 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   if (p.temperature <= 1e-5f || p.topK == 1) {
     s.token = work == logits ? best : argmax(work, vocab);
   } else {
-    std::vector<int> cand(vocab);
-    std::iota(cand.begin(), cand.end(), 0);
+    // Banned tokens (mask, -inf bias) have probability 0: leaving them out changes no draw, and
+    // a grammar state that allows a few tokens costs a few exps instead of the vocabulary's.
+    std::vector<int> cand;
+    cand.reserve(work == logits ? vocab : 0);
+    for (int t = 0; t < vocab; t++)
+      if (work[t] != -INFINITY) cand.push_back(t);
     s.token = sampleFromCandidates(work, p, cand);
   }
   s.logprob = logits[s.token] - lse;

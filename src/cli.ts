@@ -203,6 +203,11 @@ bench
   .option("--concurrency <n>", "requests decoded together", intArg("--concurrency", 1), 16)
   .option("--output-len <n>", "most tokens per request (a request that completes its schema ends sooner; its twin matches it)", intArg("--output-len", 1), 64)
   .option("--rounds <n>", "alternating rounds; each side reports its best", intArg("--rounds", 1), 3)
+  .option("--temperature <t>", "sampling temperature of both sides (0: greedy)", (v: string) => {
+    const t = Number(v);
+    if (!(t >= 0 && t <= 2)) throw new InvalidArgumentError("--temperature must be between 0 and 2");
+    return t;
+  }, 1)
   .option("--schema <file>", "a JSON schema file (default: a built-in list of records)")
   .option("--json <file>", "write the results as JSON")
   .addOption(dtypeOption())

@@ -20,6 +20,8 @@ export interface StructuredBenchOptions {
   outputLen: number;
   /** Alternating constrained / unconstrained rounds; each side reports its best. */
   rounds: number;
+  /** Sampling temperature of both sides (0: greedy, where the grammar's share of a step is largest). */
+  temperature: number;
   /** A JSON schema file; absent: the built-in one. */
   schema?: string;
   dtype?: EngineConfig["dtype"];
@@ -55,12 +57,12 @@ interface Side {
 }
 
 /** Runs one request per entry of `lengths` at once; a grammar constrains them when given. Returns each one's token count. */
-async function runSide(m: LoadedModel, prompt: number[], lengths: number[], grammar: Grammar | null): Promise<{ counts: number[]; wall: number }> {
+async function runSide(m: LoadedModel, prompt: number[], lengths: number[], grammar: Grammar | null, temperature: number): Promise<{ counts: number[]; wall: number }> {
   const start = performance.now();
   const streams = m.engine.addGroup(lengths.map((n, i) => ({
     promptTokenIds: prompt,
     // Unconstrained twins are held to the constrained length: EOS ignored, min_tokens = max_tokens.
-    params: defaultSamplingParams({ temperature: 1, seed: i, maxTokens: n, ...(grammar ? {} : { ignoreEos: true, minTokens: n }) }),
+    params: defaultSamplingParams({ temperature, seed: i, maxTokens: n, ...(grammar ? {} : { ignoreEos: true, minTokens: n }) }),
     ...(grammar ? { grammar } : {}),
   })));
   const outs = await Promise.all(streams.map((s) => s.collect()));
@@ -97,12 +99,12 @@ export async function structuredBench(o: StructuredBenchOptions): Promise<Struct
     const grammar = await grammarCompiler(m.tokenizer, m.engine.limits.vocabSize, m.engine.limits.eosTokenIds).compile({ type: "json_schema", schema });
     const prompt = m.tokenizer.hasChatTemplate ? m.tokenizer.encodeChat([{ role: "user", content: PROMPT }]) : m.tokenizer.encode(PROMPT);
     const full = Array.from({ length: o.concurrency }, () => o.outputLen);
-    await runSide(m, prompt, full.map(() => 4), grammar); // warm-up: pages, buffers, the matcher's first use
+    await runSide(m, prompt, full.map(() => 4), grammar, o.temperature); // warm-up: pages, buffers, the matcher's first use
     const constrained: Side[] = [], free: Side[] = [];
     for (let round = 0; round < o.rounds; round++) {
       say(`round ${round + 1}/${o.rounds}: ${o.concurrency} JSON-schema requests, then ${o.concurrency} unconstrained…`);
-      const c = await runSide(m, prompt, full, grammar);
-      const f = await runSide(m, prompt, c.counts, null);
+      const c = await runSide(m, prompt, full, grammar, o.temperature);
+      const f = await runSide(m, prompt, c.counts, null, o.temperature);
       constrained.push(side("json_schema", c.counts, c.wall));
       free.push(side("unconstrained", f.counts, f.wall));
     }
@@ -111,7 +113,7 @@ export async function structuredBench(o: StructuredBenchOptions): Promise<Struct
     const ratio = Math.round((results[0]!.output_tokens_per_second / results[1]!.output_tokens_per_second) * 1000) / 1000;
     const report: StructuredBenchReport = {
       machine: machineInfo(), model: modelInfo(m.checkpoint), dtype: m.runner.info().dtype,
-      workload: { concurrency: o.concurrency, output_len: o.outputLen, rounds: o.rounds, prompt_tokens: prompt.length, schema: o.schema ?? "builtin", temperature: 1 },
+      workload: { concurrency: o.concurrency, output_len: o.outputLen, rounds: o.rounds, prompt_tokens: prompt.length, schema: o.schema ?? "builtin", temperature: o.temperature },
       results, ratio,
     };
     if (!o.quiet) {
