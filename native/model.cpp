@@ -38,15 +38,16 @@ class Timer {
   std::chrono::steady_clock::time_point start_;
 };
 
-// Waits (sleeping, not spinning: the thread that writes the masks may need this core) until
-// the JS side has written the masks: true once they are in, false if it could not make them.
+// Waits until the JS side has written the masks: true once they are in, false if it could not
+// make them. It yields rather than sleeps: a sleeping thread on a busy machine wakes milliseconds
+// late, and yielding leaves the core to the thread that writes the masks.
 bool awaitMasks(const int32_t* ready) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     const int32_t v = __atomic_load_n(ready, __ATOMIC_ACQUIRE);
     if (v != 0) return v == 1;
     if (std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    std::this_thread::yield();
   }
 }
 
@@ -289,6 +290,8 @@ StepOutput Model::step(const StepInput& in) {
   grow(logits_, static_cast<size_t>(S) * cfg_.vocab);
   const float* logits = logits_.data();
   headRows(in.sampleRows.data(), S, rows_, logits_.data());
+  // Masks made while the forward pass ran: wait for them (the wait counts as "other" time).
+  const bool masksMade = !in.masksReady || awaitMasks(in.masksReady);
   const auto sampleStart = std::chrono::steady_clock::now();
 
   // A row with bad parameters fails alone: the other rows are sampled as if it were not there.
@@ -302,8 +305,6 @@ StepOutput Model::step(const StepInput& in) {
   }
   out.topIds.assign(static_cast<size_t>(S) * out.topN, -1);
   out.topLogprobs.assign(static_cast<size_t>(S) * out.topN, 0.0f);
-  // Masks made while the forward pass ran: wait for them (the wait counts as "other" time).
-  const bool masksMade = !in.masksReady || awaitMasks(in.masksReady);
 #pragma omp parallel
   {
     static thread_local std::vector<float> scratch;  // kept across steps
