@@ -152,13 +152,6 @@ StepInput parseStep(const Napi::Object& o) {
     throw std::invalid_argument("step input 'masks' must be an Int32Array");
   in.masks = reinterpret_cast<const uint32_t*>(masks.As<Napi::Int32Array>().Data());
   in.masksLength = masks.As<Napi::Int32Array>().ElementLength();
-  Napi::Value ready = o.Get("masksReady");
-  if (!ready.IsUndefined()) {
-    if (!ready.IsTypedArray() || ready.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array ||
-        ready.As<Napi::Int32Array>().ElementLength() != 1)
-      throw std::invalid_argument("step input 'masksReady' must be an Int32Array of one element (on a SharedArrayBuffer)");
-    in.masksReady = ready.As<Napi::Int32Array>().Data();
-  }
   for (size_t i = 0; i < S; i++) {
     SamplingParams p;
     p.temperature = temperature[i];
@@ -201,6 +194,8 @@ struct ModelState {
   std::unique_ptr<Model> model;  // null once disposed
   Life life = Life::Live;
   bool stepping = false;         // one step in flight per model
+  // Opened by provideMasks() for a step started with masksPending; shared with the worker thread.
+  std::shared_ptr<MaskGate> maskGate = std::make_shared<MaskGate>();
   std::vector<Napi::Promise::Deferred> disposeWaiters;
 };
 
@@ -229,15 +224,13 @@ class FreeWorker : public Napi::AsyncWorker {
 
 class StepWorker : public Napi::AsyncWorker {
  public:
-  // `arrays`: the input's arrays the step reads in place (the masks), kept alive until it ends.
+  // `input`: its masks array, which the step reads in place, is kept alive until the step ends.
   StepWorker(Napi::Env env, std::shared_ptr<ModelState> state, StepInput in, const Napi::Object& input)
       : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), state_(std::move(state)),
         model_(state_->model.get()), in_(std::move(in)) {
     state_->stepping = true;
-    for (const char* key : {"masks", "masksReady"}) {
-      Napi::Value v = input.Get(key);
-      if (v.IsObject()) held_.push_back(Napi::Persistent(v.As<Napi::Object>()));
-    }
+    Napi::Value masks = input.Get("masks");
+    if (masks.IsObject()) held_.push_back(Napi::Persistent(masks.As<Napi::Object>()));
   }
   Napi::Promise promise() { return deferred_.Promise(); }
 
@@ -331,6 +324,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   static Napi::Function define(Napi::Env env) {
     return DefineClass(env, "Model", {InstanceMethod("step", &ModelWrap::step), InstanceMethod("info", &ModelWrap::info),
                                       InstanceMethod("takeProfile", &ModelWrap::takeProfile),
+                                      InstanceMethod("provideMasks", &ModelWrap::provideMasks),
                                       InstanceMethod("dispose", &ModelWrap::dispose)});
   }
   // Only LoadWorker constructs one, handing over the loaded Model.
@@ -352,10 +346,20 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
       return rejected(env, e.what());
     }
     if (state_->stepping) return rejected(env, "a step is already running on this model");
+    if (info[0].As<Napi::Object>().Get("masksPending").ToBoolean()) {
+      state_->maskGate->reset();
+      in.maskGate = state_->maskGate.get();
+    }
     auto* worker = new StepWorker(env, state_, std::move(in), info[0].As<Napi::Object>());
     Napi::Promise p = worker->promise();
     worker->Queue();
     return p;
+  }
+
+  // Hands the masks of the step in flight (started with masksPending) to its sampling.
+  Napi::Value provideMasks(const Napi::CallbackInfo& info) {
+    state_->maskGate->open(info[0].ToBoolean());
+    return info.Env().Undefined();
   }
 
   // Frees the model at once, or when the step in flight ends; later calls resolve as the first does.

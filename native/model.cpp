@@ -5,7 +5,6 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include "ops.h"
 #include "quant.h"
@@ -38,20 +37,26 @@ class Timer {
   std::chrono::steady_clock::time_point start_;
 };
 
-// Waits until the JS side has written the masks: true once they are in, false if it could not
-// make them. It yields rather than sleeps: a sleeping thread on a busy machine wakes milliseconds
-// late, and yielding leaves the core to the thread that writes the masks.
-bool awaitMasks(const int32_t* ready) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (;;) {
-    const int32_t v = __atomic_load_n(ready, __ATOMIC_ACQUIRE);
-    if (v != 0) return v == 1;
-    if (std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::yield();
-  }
+}  // namespace
+
+void MaskGate::reset() {
+  std::lock_guard<std::mutex> lock(m_);
+  state_ = 0;
 }
 
-}  // namespace
+void MaskGate::open(bool made) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    state_ = made ? 1 : 2;
+  }
+  cv_.notify_all();
+}
+
+bool MaskGate::wait(int patience) {
+  std::unique_lock<std::mutex> lock(m_);
+  cv_.wait_for(lock, std::chrono::seconds(patience), [this] { return state_ != 0; });
+  return state_ == 1;
+}
 
 Model::Model(ModelConfig config, Weights weights)
     : cfg_(std::move(config)), w_(std::move(weights)), k_(activeKernels()) {
@@ -291,7 +296,7 @@ StepOutput Model::step(const StepInput& in) {
   const float* logits = logits_.data();
   headRows(in.sampleRows.data(), S, rows_, logits_.data());
   // Masks made while the forward pass ran: wait for them (the wait counts as "other" time).
-  const bool masksMade = !in.masksReady || awaitMasks(in.masksReady);
+  const bool masksMade = !in.maskGate || in.maskGate->wait(60);
   const auto sampleStart = std::chrono::steady_clock::now();
 
   // A row with bad parameters fails alone: the other rows are sampled as if it were not there.

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <condition_variable>
 #include <mutex>
 #include <vector>
 #include "kernels.h"
@@ -23,6 +24,22 @@ struct ModelConfig {
   DType kvDtype = DType::F32;
 };
 
+// Where a step waits for grammar masks that are still being made (StepInput::maskGate): the JS
+// side opens it with the outcome once it has written them.
+class MaskGate {
+ public:
+  void reset();
+  // made: the masks are written; false: they could not be made.
+  void open(bool made);
+  // True once opened with made = true; false when opened with false or after `patience` seconds.
+  bool wait(int patience);
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int state_ = 0;  // 0 waiting, 1 made, 2 failed
+};
+
 // One forward step over a flat, variable-length batch (see src/runtime/native.ts).
 struct StepInput {
   std::vector<int32_t> tokens;       // (T)
@@ -35,14 +52,14 @@ struct StepInput {
   std::vector<int32_t> sampleRows;   // (S) rows whose logits are sampled
   std::vector<SamplingParams> params;  // (S)
   // Grammar masks (structured outputs): row i's maskWords words start at masks[maskOffsets[i]], -1 = none.
-  // The words are read in place (the addon keeps the JS array alive). When masksReady is set, the masks
-  // are still being written while the forward pass runs: sampling waits until *masksReady is 1
-  // (written; 2 = they could not be made, and the masked rows fail).
+  // The words are read in place (the addon keeps the JS array alive). With a maskGate, the masks
+  // are still being written while the forward pass runs: sampling waits until the gate opens
+  // (if they could not be made, the masked rows fail).
   std::vector<int32_t> maskOffsets;  // (S)
   const uint32_t* masks = nullptr;
   size_t masksLength = 0;
   int maskWords = 0;
-  const int32_t* masksReady = nullptr;
+  MaskGate* maskGate = nullptr;
   std::vector<int32_t> promptOffsets, promptTokens;  // (S+1), flat: tokens for the repetition penalty
   std::vector<int32_t> outputOffsets, outputTokens;  // (S+1), flat: generated tokens for all penalties
   // Prompt log-probs: row scoreRows[i]'s logits score token scoreTargets[i] (the prompt's next token)

@@ -175,11 +175,10 @@ export class ModelRunner {
 
   /**
    * Starts the step, then makes the deferred masks while its forward pass runs on the
-   * worker thread, writing each into its place in the shared buffer; the step samples
-   * once they are all in. A mask that cannot be made fails the step after it ends.
+   * worker thread, writing each into its place; the step samples once they are all in
+   * (provideMasks). A mask that cannot be made fails the step after it ends.
    */
   private async stepWhileMasking(input: NativeStepInput & { sources: { at: number; make: MaskSource }[] }): Promise<NativeStepOutput> {
-    const ready = input.masksReady!;
     const step = this.native.step(input);
     step.catch(() => undefined); // awaited below, after the masks
     let failure: unknown = null;
@@ -192,7 +191,7 @@ export class ModelRunner {
     } catch (e) {
       failure = e;
     } finally {
-      Atomics.store(ready, 0, failure === null ? 1 : 2);
+      this.native.provideMasks(failure === null);
     }
     const out = await step;
     if (failure !== null) throw failure;
@@ -281,14 +280,12 @@ export class ModelRunner {
 
   /**
    * Each row's grammar mask, end to end; -1 offsets for rows without one. Masks still to be
-   * made get their place in a SharedArrayBuffer, filled by stepWhileMasking.
+   * made get their place, filled by stepWhileMasking.
    */
-  private flatMasks(rows: readonly (Int32Array | MaskSource | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords" | "masksReady"> & { sources: { at: number; make: MaskSource }[] } {
+  private flatMasks(rows: readonly (Int32Array | MaskSource | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords" | "masksPending"> & { sources: { at: number; make: MaskSource }[] } {
     const maskWords = Math.ceil(this.vocab / 32);
-    const count = rows.filter((m) => m !== undefined).length;
     const sources: { at: number; make: MaskSource }[] = [];
-    const deferred = rows.some((m) => typeof m === "function");
-    const masks = deferred ? new Int32Array(new SharedArrayBuffer(count * maskWords * 4)) : new Int32Array(count * maskWords);
+    const masks = new Int32Array(rows.filter((m) => m !== undefined).length * maskWords);
     const maskOffsets = new Int32Array(rows.length).fill(-1);
     let at = 0;
     rows.forEach((m, i) => {
@@ -299,7 +296,7 @@ export class ModelRunner {
       maskOffsets[i] = at;
       at += maskWords;
     });
-    return { maskOffsets, masks, maskWords, sources, ...(deferred ? { masksReady: new Int32Array(new SharedArrayBuffer(4)) } : {}) };
+    return { maskOffsets, masks, maskWords, sources, ...(sources.length > 0 ? { masksPending: true } : {}) };
   }
 
   private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {

@@ -111,12 +111,10 @@ export interface NativeStepInput {
   masks: Int32Array; // maskWords words per mask: bit t of word t/32 set = token t may be sampled; read in place
   maskWords: number; // ceil(vocab / 32)
   /**
-   * Masks written while the step runs: `masks` and this one element live on a
-   * SharedArrayBuffer; the forward pass starts at once and sampling waits until
-   * the caller stores 1 here with Atomics.store (the masks are in), or 2 (they
-   * could not be made: the masked rows fail). Absent: the masks are ready now.
+   * The masks are written while the step runs: its forward pass starts at once and
+   * sampling waits for NativeModel.provideMasks(). Absent: the masks are ready now.
    */
-  masksReady?: Int32Array;
+  masksPending?: boolean;
   promptOffsets: Int32Array; // (S+1) into promptTokens (repetition penalty)
   promptTokens: Int32Array;
   outputOffsets: Int32Array; // (S+1) into outputTokens (all penalties)
@@ -189,6 +187,12 @@ export interface NativeModel {
    */
   step(input: NativeStepInput): Promise<NativeStepOutput>;
   info(): NativeModelInfo;
+  /**
+   * For the step in flight, started with masksPending: its masks are written
+   * (`made`), or could not be made (its masked rows fail). Its sampling waits
+   * for this call (60 s at most).
+   */
+  provideMasks(made: boolean): void;
   /** Blocks while a step is in flight; resets the counters. */
   takeProfile(): NativeProfile;
   /**
