@@ -162,3 +162,19 @@ test("streamed echo with logprobs: the first chunk carries the prompt and its lo
   assert.equal(text, firstChoice(whole).text);
   assert.deepEqual(merged, firstChoice(whole).logprobs);
 });
+
+test("chat: prompt_logprobs covers the templated prompt, on the response", async () => {
+  const res = await fetch(`${s.url}/v1/chat/completions`, {
+    method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 2, prompt_logprobs: 1 }),
+  });
+  const json = (await res.json()) as Json;
+  assert.equal(res.status, 200);
+  const pl = json.prompt_logprobs as PromptEntry[];
+  assert.equal(pl.length, (json.usage as Json).prompt_tokens);
+  assert.equal(pl[0], null);
+  for (const entry of pl.slice(1)) {
+    const ranks = Object.values(entry!).map((e) => e.rank);
+    assert.ok(ranks.includes(1) && ranks.length <= 2 && Object.values(entry!).every((e) => e.logprob <= 0));
+  }
+});
