@@ -92,6 +92,20 @@ void applyMask(float* logits, const uint32_t* mask, int vocab) {
     if (!((mask[t >> 5] >> (t & 31)) & 1u)) logits[t] = -INFINITY;
 }
 
+// The first highest logit among the tokens `mask` allows, or -1 when it allows none; words with
+// no bit set are skipped whole.
+int maskedArgmax(const float* logits, const uint32_t* mask, int vocab) {
+  int best = -1;
+  for (int w = 0; w * 32 < vocab; w++) {
+    for (uint32_t bits = mask[w]; bits != 0; bits &= bits - 1) {
+      const int t = w * 32 + __builtin_ctz(bits);
+      if (t >= vocab) break;
+      if (best < 0 || logits[t] > logits[best]) best = t;
+    }
+  }
+  return best;
+}
+
 Sampled failed(const char* why) {
   Sampled s;
   s.error = why;
@@ -207,6 +221,18 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   // Biases and penalties change a copy; without them the raw logits are sampled directly.
   const float* work = logits;
   const bool penalised = p.repetitionPenalty != 1.0f || p.presencePenalty != 0.0f || p.frequencyPenalty != 0.0f;
+  const bool greedy = p.temperature <= 1e-5f || p.topK == 1;
+  if (mask && greedy && !penalised && p.bias.empty()) {
+    // Greedy under a mask alone: the first best allowed token, read from the raw logits (the
+    // general path's copy, mask and argmax give the same token at three passes' cost).
+    const int chosen = maskedArgmax(logits, mask, vocab);
+    if (chosen < 0) return failed("the biases, penalties or token mask left no token to sample");
+    Sampled s;
+    s.token = chosen;
+    s.logprob = logits[chosen] - lse;
+    if (topN > 0) topLogprobs(logits, vocab, lse, std::min(topN, vocab), topIds, topLps);
+    return s;
+  }
   if (penalised || !p.bias.empty() || mask) {
     scratch.assign(logits, logits + vocab);
     for (const auto& [id, value] : p.bias) {

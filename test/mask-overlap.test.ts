@@ -53,3 +53,15 @@ test("a mask that cannot be made fails the step after it ends; the model steps o
   const out = await runner.execute([seq(0, later(only([99]), 5))]);
   assert.equal(out.samples[0]!.tokenId, 99);
 });
+
+test("greedy under a mask alone (the sampler's short path) picks what the general path picks", async () => {
+  const allowed = Array.from({ length: 3000 }, (_, i) => (i * 7919) % runner.vocab);
+  const mask = only(allowed);
+  const shortPath = await runner.execute([seq(0, mask), seq(1, mask), seq(2, mask)]);
+  const general = await runner.execute([0, 1, 2].map((id) => {
+    const s = seq(id, mask);
+    return { ...s, sample: { ...s.sample!, params: { ...s.sample!.params, logitBias: [[5, 0]] } } };
+  }));
+  assert.deepEqual(shortPath.samples, general.samples);
+  for (const s of shortPath.samples) assert.ok(allowed.includes(s!.tokenId));
+});
