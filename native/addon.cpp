@@ -179,10 +179,14 @@ StepInput parseStep(const Napi::Object& o) {
   auto biasValues = typed<float, napi_float32_array>(o, "biasValues", biasIds.size(), "Float32Array");
   if (biasOffsets[0] != 0 || biasOffsets[S] != static_cast<int32_t>(biasIds.size()))
     throw std::invalid_argument("step input 'biasOffsets' does not cover 'biasIds'");
-  // Grammar masks: row i's maskWords words start at masks[maskOffsets[i]]; -1 = no mask.
-  auto maskOffsets = typed<int32_t, napi_int32_array>(o, "maskOffsets", S, "Int32Array");
-  auto masks = int32s(o, "masks");
-  const int32_t maskWords = intField(o, "maskWords");
+  // Grammar masks: read in place by the step (see StepInput; the worker keeps the arrays alive).
+  in.maskOffsets = typed<int32_t, napi_int32_array>(o, "maskOffsets", S, "Int32Array");
+  in.maskWords = intField(o, "maskWords");
+  Napi::Value masks = o.Get("masks");
+  if (!masks.IsTypedArray() || masks.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    throw std::invalid_argument("step input 'masks' must be an Int32Array");
+  in.masks = reinterpret_cast<const uint32_t*>(masks.As<Napi::Int32Array>().Data());
+  in.masksLength = masks.As<Napi::Int32Array>().ElementLength();
   for (size_t i = 0; i < S; i++) {
     SamplingParams p;
     p.temperature = temperature[i];
@@ -197,18 +201,15 @@ StepInput parseStep(const Napi::Object& o) {
     p.seed = seeds[i];
     if (biasOffsets[i] > biasOffsets[i + 1]) throw std::invalid_argument("step input 'biasOffsets' must not decrease");
     for (int32_t j = biasOffsets[i]; j < biasOffsets[i + 1]; j++) p.bias.emplace_back(biasIds[j], biasValues[j]);
-    if (maskOffsets[i] != -1) {
-      const int64_t end = static_cast<int64_t>(maskOffsets[i]) + maskWords;
-      if (maskOffsets[i] < 0 || maskWords <= 0 || end > static_cast<int64_t>(masks.size()))
-        throw std::invalid_argument("step input 'maskOffsets' points outside 'masks'");
-      p.mask.assign(masks.begin() + maskOffsets[i], masks.begin() + end);
-    }
     in.params.push_back(p);  // values are checked per row by the step (samplingError): a bad row fails alone
   }
   in.promptOffsets = int32s(o, "promptOffsets");
   in.promptTokens = int32s(o, "promptTokens");
   in.outputOffsets = int32s(o, "outputOffsets");
   in.outputTokens = int32s(o, "outputTokens");
+  in.scoreRows = int32s(o, "scoreRows");
+  in.scoreTargets = typed<int32_t, napi_int32_array>(o, "scoreTargets", in.scoreRows.size(), "Int32Array");
+  in.scoreTopN = typed<int32_t, napi_int32_array>(o, "scoreTopN", in.scoreRows.size(), "Int32Array");
   in.returnLogits = o.Get("returnLogits").ToBoolean();
   return in;
 }
@@ -228,6 +229,8 @@ struct ModelState {
   std::unique_ptr<Backend> model;  // null once disposed
   Life life = Life::Live;
   bool stepping = false;         // one step in flight per model
+  // Opened by provideMasks() for a step started with masksPending; shared with the worker thread.
+  std::shared_ptr<MaskGate> maskGate = std::make_shared<MaskGate>();
   std::vector<Napi::Promise::Deferred> disposeWaiters;
 };
 
@@ -256,10 +259,13 @@ class FreeWorker : public Napi::AsyncWorker {
 
 class StepWorker : public Napi::AsyncWorker {
  public:
-  StepWorker(Napi::Env env, std::shared_ptr<ModelState> state, StepInput in)
+  // `input`: its masks array, which the step reads in place, is kept alive until the step ends.
+  StepWorker(Napi::Env env, std::shared_ptr<ModelState> state, StepInput in, const Napi::Object& input)
       : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), state_(std::move(state)),
         model_(state_->model.get()), in_(std::move(in)) {
     state_->stepping = true;
+    Napi::Value masks = input.Get("masks");
+    if (masks.IsObject()) held_.push_back(Napi::Persistent(masks.As<Napi::Object>()));
   }
   Napi::Promise promise() { return deferred_.Promise(); }
 
@@ -285,6 +291,11 @@ class StepWorker : public Napi::AsyncWorker {
     for (uint32_t i = 0; i < out_.rowErrors.size(); i++)
       errors.Set(i, out_.rowErrors[i] ? Napi::Value(Napi::String::New(env, out_.rowErrors[i])) : env.Null());
     r.Set("rowErrors", errors);
+    r.Set("scoreLogprobs", copyOut<float, Napi::Float32Array>(env, out_.scoreLogprobs));
+    r.Set("scoreRanks", copyOut<int32_t, Napi::Int32Array>(env, out_.scoreRanks));
+    r.Set("scoreTopN", out_.scoreTopN);
+    r.Set("scoreTopIds", copyOut<int32_t, Napi::Int32Array>(env, out_.scoreTopIds));
+    r.Set("scoreTopLogprobs", copyOut<float, Napi::Float32Array>(env, out_.scoreTopLogprobs));
     if (in_.returnLogits) r.Set("logits", copyOut<float, Napi::Float32Array>(env, out_.logits));
     deferred_.Resolve(r);
   }
@@ -305,6 +316,7 @@ class StepWorker : public Napi::AsyncWorker {
   Backend* model_;
   StepInput in_;
   StepOutput out_;
+  std::vector<Napi::ObjectReference> held_;
 };
 
 // Reads and repacks every matrix (from the files mapped while parsing) and
@@ -349,6 +361,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
   static Napi::Function define(Napi::Env env) {
     return DefineClass(env, "Model", {InstanceMethod("step", &ModelWrap::step), InstanceMethod("info", &ModelWrap::info),
                                       InstanceMethod("takeProfile", &ModelWrap::takeProfile),
+                                      InstanceMethod("provideMasks", &ModelWrap::provideMasks),
                                       InstanceMethod("dispose", &ModelWrap::dispose)});
   }
   // Only LoadWorker constructs one, handing over the loaded Model.
@@ -370,10 +383,20 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
       return rejected(env, e.what());
     }
     if (state_->stepping) return rejected(env, "a step is already running on this model");
-    auto* worker = new StepWorker(env, state_, std::move(in));
+    if (info[0].As<Napi::Object>().Get("masksPending").ToBoolean()) {
+      state_->maskGate->reset();
+      in.maskGate = state_->maskGate.get();
+    }
+    auto* worker = new StepWorker(env, state_, std::move(in), info[0].As<Napi::Object>());
     Napi::Promise p = worker->promise();
     worker->Queue();
     return p;
+  }
+
+  // Hands the masks of the step in flight (started with masksPending) to its sampling.
+  Napi::Value provideMasks(const Napi::CallbackInfo& info) {
+    state_->maskGate->open(info[0].ToBoolean());
+    return info.Env().Undefined();
   }
 
   // Frees the model at once, or when the step in flight ends; later calls resolve as the first does.

@@ -235,17 +235,11 @@ StepOutput Model::step(const StepInput& in) {
 
   // Only the sampled rows go through the final norm and the vocabulary projection.
   // Reused across steps: a fresh (S × vocab) buffer per step would be page-faulted and zeroed every time.
-  grow(rows_, static_cast<size_t>(S) * H);
   grow(logits_, static_cast<size_t>(S) * cfg_.vocab);
-  float* rows = rows_.data();
   const float* logits = logits_.data();
-  for (int i = 0; i < S; i++)
-    std::copy_n(x_.data() + static_cast<size_t>(in.sampleRows[i]) * H, H, rows + static_cast<size_t>(i) * H);
-  rmsnorm(rows, finalNorm_.data(), rows, S, H, cfg_.rmsEps);
-  if (S > 0) {
-    Timer t(profile_.lmHead);
-    project(rows, S, lmHead_, logits_.data());
-  }
+  headRows(in.sampleRows.data(), S, rows_, logits_.data());
+  // Masks made while the forward pass ran: wait for them (the wait counts as "other" time).
+  const bool masksMade = awaitMasks(in);
   const auto sampleStart = std::chrono::steady_clock::now();
 
   // A row with bad parameters fails alone: the other rows are sampled as if it were not there.
@@ -254,10 +248,12 @@ StepOutput Model::step(const StepInput& in) {
   {
     static thread_local std::vector<float> scratch;  // kept across steps
 #pragma omp for schedule(dynamic, 1)
-    for (int i = 0; i < S; i++) sampleRow(k_, in, i, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, out, scratch);
+    for (int i = 0; i < S; i++) sampleRow(k_, in, i, logits + static_cast<size_t>(i) * cfg_.vocab, cfg_.vocab, out, scratch, masksMade);
   }
+  const auto scoreStart = std::chrono::steady_clock::now();
+  profile_.sampling += std::chrono::duration<double>(scoreStart - sampleStart).count();
+  scorePrompt(in, out);  // its own timers add to lmHead and sampling
   const auto end = std::chrono::steady_clock::now();
-  profile_.sampling += std::chrono::duration<double>(end - sampleStart).count();
   const double total = std::chrono::duration<double>(end - stepStart).count();
   const double accounted = (profile_.matmul - before.matmul) + (profile_.attention - before.attention) +
                            (profile_.lmHead - before.lmHead) + (profile_.sampling - before.sampling);
@@ -266,6 +262,60 @@ StepOutput Model::step(const StepInput& in) {
   profile_.tokens += T;
   if (in.returnLogits) out.logits.assign(logits, logits + static_cast<size_t>(S) * cfg_.vocab);
   return out;
+}
+
+void Model::headRows(const int32_t* rowIds, int n, std::vector<float>& rowBuf, float* logits) {
+  const int H = cfg_.hidden;
+  grow(rowBuf, static_cast<size_t>(n) * H);
+  float* rows = rowBuf.data();
+  for (int i = 0; i < n; i++)
+    std::copy_n(x_.data() + static_cast<size_t>(rowIds[i]) * H, H, rows + static_cast<size_t>(i) * H);
+  rmsnorm(rows, finalNorm_.data(), rows, n, H, cfg_.rmsEps);
+  if (n > 0) {
+    Timer t(profile_.lmHead);
+    project(rows, n, lmHead_, logits);
+  }
+}
+
+// Each scored row: the log-prob and rank of its target and its top-N, from the same raw
+// logits and normaliser a sampled row reports. The rows go through the vocabulary projection
+// kScoreChunk at a time, so a long prompt never holds (rows × vocab) floats; a matmul's rows
+// are independent, so the values do not depend on that chunking or on the batch.
+void Model::scorePrompt(const StepInput& in, StepOutput& out) {
+  constexpr int kScoreChunk = 16;
+  const int R = static_cast<int>(in.scoreRows.size()), V = cfg_.vocab;
+  for (int i = 0; i < R; i++) out.scoreTopN = std::max(out.scoreTopN, in.scoreTopN[i]);
+  out.scoreLogprobs.assign(R, 0.0f);
+  out.scoreRanks.assign(R, 0);
+  out.scoreTopIds.assign(static_cast<size_t>(R) * out.scoreTopN, -1);
+  out.scoreTopLogprobs.assign(static_cast<size_t>(R) * out.scoreTopN, 0.0f);
+  if (R == 0) return;
+  grow(scoreLogits_, static_cast<size_t>(std::min(R, kScoreChunk)) * V);
+  for (int c = 0; c < R; c += kScoreChunk) {
+    const int n = std::min(kScoreChunk, R - c);
+    headRows(in.scoreRows.data() + c, n, rows_, scoreLogits_.data());
+    Timer t(profile_.sampling);
+#pragma omp parallel
+    {
+      static thread_local std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+      for (int j = 0; j < n; j++) {
+        const int i = c + j;
+        const float* lg = scoreLogits_.data() + static_cast<size_t>(j) * V;
+        float maxLogit = lg[0];
+        for (int v = 1; v < V; v++) maxLogit = std::max(maxLogit, lg[v]);
+        const float lse = logSumExp(k_, lg, V, maxLogit, scratch);
+        const float target = lg[in.scoreTargets[i]];
+        int above = 0;
+        for (int v = 0; v < V; v++) above += lg[v] > target;
+        out.scoreLogprobs[i] = target - lse;
+        out.scoreRanks[i] = 1 + above;
+        if (in.scoreTopN[i] > 0)
+          topLogprobs(lg, V, lse, std::min(in.scoreTopN[i], V), out.scoreTopIds.data() + static_cast<size_t>(i) * out.scoreTopN,
+                      out.scoreTopLogprobs.data() + static_cast<size_t>(i) * out.scoreTopN);
+      }
+    }
+  }
 }
 
 }  // namespace weft

@@ -38,6 +38,10 @@ class Model : public Backend {
   static void addBias(float* y, int T, const std::vector<float>& bias);
   // x_ += tmp_ over T rows (the residual connection).
   void addResidual(int T);
+  // Final norm → vocabulary projection of `n` rows of x_ (row ids in `rowIds`) into logits.
+  void headRows(const int32_t* rowIds, int n, std::vector<float>& rowBuf, float* logits);
+  // Prompt log-probs: each of in.scoreRows' target log-prob, rank and top-N into `out`.
+  void scorePrompt(const StepInput& in, StepOutput& out);
 
   // The linear layers repacked for the kernels (see PackedMatrix); norms and
   // biases are read from the mapped files.
@@ -73,7 +77,7 @@ class Model : public Backend {
   void writeKv(int l, const StepInput& in);
   // Activations, grown to the largest step seen and reused.
   std::vector<uint16_t> xbf16_;  // bfloat16 mode: a matmul's input rows rounded
-  std::vector<float> rows_, logits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
+  std::vector<float> rows_, logits_, scoreLogits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;
 };
 
 }  // namespace weft

@@ -21,9 +21,6 @@ struct SamplingParams {
   // (token id, value) added to its logit before penalties and sampling (logit_bias; -inf bans a
   // token, as min_tokens does to EOS). Log-probs stay those of the raw logits.
   std::vector<std::pair<int32_t, float>> bias;
-  // Grammar mask (structured outputs): bit t of word t/32 set = token t allowed; empty = no mask.
-  // Masked-out tokens get -inf before penalties and sampling; log-probs stay the raw ones.
-  std::vector<uint32_t> mask;
 };
 
 struct Sampled {
@@ -35,11 +32,20 @@ struct Sampled {
 // Why `p` cannot be sampled with (a field out of range once rounded to float32), or null.
 const char* samplingError(const SamplingParams& p);
 
+// log Σ exp(logits) over the vocabulary, given its largest element (`scratch` is overwritten):
+// the normaliser of the raw distribution, computed one way for sampled and scored rows alike.
+float logSumExp(const struct Kernels& k, const float* logits, int vocab, float maxLogit, std::vector<float>& scratch);
+
+// The best `n` tokens of `logits` (higher first, lower id on ties) with their log-probs under `lse`.
+void topLogprobs(const float* logits, int vocab, float lse, int n, int32_t* ids, float* lps);
+
 // Samples one token from `logits` (vocab floats, left unchanged). Writes the
 // top `topN` (id, logprob) pairs of the raw distribution into topIds/topLps.
-// `p` must pass samplingError. Fails (Sampled::error) without throwing when the
+// `mask` (structured outputs), when not null: ceil(vocab / 32) words, bit t of word t/32 set =
+// token t allowed; masked-out tokens get -inf before penalties and sampling, log-probs stay the
+// raw ones. `p` must pass samplingError. Fails (Sampled::error) without throwing when the
 // logits, or the logits after penalties, are not finite: one row's fault stays in its row.
-Sampled sampleToken(const struct Kernels& k, const float* logits, int vocab, const SamplingParams& p,
+Sampled sampleToken(const struct Kernels& k, const float* logits, int vocab, const SamplingParams& p, const uint32_t* mask,
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch);
 

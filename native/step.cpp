@@ -1,4 +1,5 @@
 #include "step.h"
+#include <chrono>
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,19 @@ void validateStep(const ModelConfig& cfg, const StepInput& in) {
   require(in.params.size() == S, "sampling params length != sample rows");
   require(in.promptOffsets.size() == S + 1 && in.outputOffsets.size() == S + 1, "penalty offsets length != rows + 1");
   for (size_t i = 0; i < S; i++) require(in.sampleRows[i] >= 0 && static_cast<size_t>(in.sampleRows[i]) < T, "sample row out of range");
+  require(in.maskOffsets.size() == S, "maskOffsets length != sample rows");
+  for (size_t i = 0; i < S; i++) {
+    if (in.maskOffsets[i] == -1) continue;
+    require(in.maskWords == (cfg.vocab + 31) / 32, "a token mask does not cover the vocabulary");
+    require(in.maskOffsets[i] >= 0 && static_cast<size_t>(in.maskOffsets[i]) + in.maskWords <= in.masksLength, "maskOffsets points outside masks");
+  }
+  const size_t R = in.scoreRows.size();
+  require(in.scoreTargets.size() == R && in.scoreTopN.size() == R, "scoreTargets/scoreTopN length != scoreRows");
+  for (size_t i = 0; i < R; i++) {
+    require(in.scoreRows[i] >= 0 && static_cast<size_t>(in.scoreRows[i]) < T, "score row out of range");
+    require(in.scoreTargets[i] >= 0 && in.scoreTargets[i] < cfg.vocab, "score target out of vocabulary");
+    require(in.scoreTopN[i] >= 0 && in.scoreTopN[i] <= 1000, "scoreTopN must be between 0 and 1000");
+  }
   for (auto* list : {&in.promptTokens, &in.outputTokens})
     for (int32_t t : *list) require(t >= 0 && t < cfg.vocab, "penalty token out of vocabulary");
   for (auto* offs : {&in.promptOffsets, &in.outputOffsets})
@@ -63,11 +77,37 @@ StepOutput beginSampling(const StepInput& in) {
   return out;
 }
 
+void MaskGate::reset() {
+  std::lock_guard<std::mutex> lock(m_);
+  state_ = 0;
+}
+
+void MaskGate::open(bool made) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    state_ = made ? 1 : 2;
+  }
+  cv_.notify_all();
+}
+
+bool MaskGate::wait(int patience) {
+  std::unique_lock<std::mutex> lock(m_);
+  cv_.wait_for(lock, std::chrono::seconds(patience), [this] { return state_ != 0; });
+  return state_ == 1;
+}
+
+bool awaitMasks(const StepInput& in) { return !in.maskGate || in.maskGate->wait(60); }
+
 void sampleRow(const Kernels& k, const StepInput& in, int i, const float* logits, int vocab, StepOutput& out,
-               std::vector<float>& scratch) {
+               std::vector<float>& scratch, bool masksMade) {
   if (out.rowErrors[i]) return;
   const SamplingParams& p = in.params[i];
-  Sampled s = sampleToken(k, logits, vocab, p, in.promptTokens.data() + in.promptOffsets[i], in.promptOffsets[i + 1] - in.promptOffsets[i],
+  const uint32_t* mask = in.maskOffsets[i] == -1 ? nullptr : in.masks + in.maskOffsets[i];
+  if (mask && !masksMade) {
+    out.rowErrors[i] = "the token mask could not be made";
+    return;
+  }
+  Sampled s = sampleToken(k, logits, vocab, p, mask, in.promptTokens.data() + in.promptOffsets[i], in.promptOffsets[i + 1] - in.promptOffsets[i],
                           in.outputTokens.data() + in.outputOffsets[i], in.outputOffsets[i + 1] - in.outputOffsets[i],
                           p.numLogprobs, out.topIds.data() + static_cast<size_t>(i) * out.topN,
                           out.topLogprobs.data() + static_cast<size_t>(i) * out.topN, scratch);

@@ -1,7 +1,9 @@
 // What one forward step takes and returns, shared by every backend (CPU Model, CUDA model):
 // the model's shape, the varlen batch over paged block tables, the sampled rows.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 #include "kernels.h"
@@ -22,6 +24,22 @@ struct ModelConfig {
   DType kvDtype = DType::F32;
 };
 
+// Where a step waits for grammar masks that are still being made (StepInput::maskGate): the JS
+// side opens it with the outcome once it has written them.
+class MaskGate {
+ public:
+  void reset();
+  // made: the masks are written; false: they could not be made.
+  void open(bool made);
+  // True once opened with made = true; false when opened with false or after `patience` seconds.
+  bool wait(int patience);
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int state_ = 0;  // 0 waiting, 1 made, 2 failed
+};
+
 // One forward step over a flat, variable-length batch (see src/runtime/native.ts).
 struct StepInput {
   std::vector<int32_t> tokens;       // (T)
@@ -33,8 +51,20 @@ struct StepInput {
   int maxBlocks = 0;
   std::vector<int32_t> sampleRows;   // (S) rows whose logits are sampled
   std::vector<SamplingParams> params;  // (S)
+  // Grammar masks (structured outputs): row i's maskWords words start at masks[maskOffsets[i]], -1 = none.
+  // The words are read in place (the addon keeps the JS array alive). With a maskGate, the masks
+  // are still being written while the forward pass runs: sampling waits until the gate opens
+  // (if they could not be made, the masked rows fail).
+  std::vector<int32_t> maskOffsets;  // (S)
+  const uint32_t* masks = nullptr;
+  size_t masksLength = 0;
+  int maskWords = 0;
+  MaskGate* maskGate = nullptr;
   std::vector<int32_t> promptOffsets, promptTokens;  // (S+1), flat: tokens for the repetition penalty
   std::vector<int32_t> outputOffsets, outputTokens;  // (S+1), flat: generated tokens for all penalties
+  // Prompt log-probs: row scoreRows[i]'s logits score token scoreTargets[i] (the prompt's next token)
+  // and give their top scoreTopN[i]. Reduced per row in the step, a few rows at a time: no (rows × vocab) output.
+  std::vector<int32_t> scoreRows, scoreTargets, scoreTopN;  // (R)
   bool returnLogits = false;
 };
 
@@ -46,6 +76,11 @@ struct StepOutput {
   std::vector<int32_t> topIds;       // (S * topN)
   std::vector<float> topLogprobs;    // (S * topN)
   std::vector<float> logits;         // (S * vocab) when asked
+  std::vector<float> scoreLogprobs;  // (R) log-prob of each scored target under its row's raw logits
+  std::vector<int32_t> scoreRanks;   // (R) 1 + the number of tokens with a higher logit than the target
+  int scoreTopN = 0;
+  std::vector<int32_t> scoreTopIds;  // (R * scoreTopN), -1 where a row asked fewer
+  std::vector<float> scoreTopLogprobs;  // (R * scoreTopN)
 };
 
 // Seconds spent per kind of work since the last read: the profile behind docs/PERFORMANCE.md.
@@ -61,8 +96,12 @@ void validateStep(const ModelConfig& cfg, const StepInput& in);
 StepOutput beginSampling(const StepInput& in);
 
 // Samples row i of `in` from its raw logits (vocab floats) into `out` (a row with an error is skipped).
+// `masksMade`: the step's grammar masks were written (see MaskGate); a masked row fails when not.
 void sampleRow(const Kernels& k, const StepInput& in, int i, const float* logits, int vocab, StepOutput& out,
-               std::vector<float>& scratch);
+               std::vector<float>& scratch, bool masksMade);
+
+// Waits for the step's grammar masks, if they are still being made; false when they could not be.
+bool awaitMasks(const StepInput& in);
 
 // What a step runs on: the CPU Model (model.h) or the CUDA one (cuda_backend.h).
 class Backend {

@@ -15,6 +15,7 @@ import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
 import { printProfile } from "./bench/profile.js";
 import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
 import { batchBench, type BatchBenchOptions } from "./bench/batch-bench.js";
+import { structuredBench, type StructuredBenchOptions } from "./bench/structured-bench.js";
 import { exportGguf } from "./model/gguf-export.js";
 import { QUANT_RECIPES, quantizeModel, type QuantRecipe } from "./model/gguf-quantize.js";
 import { peerBench, type PeerOptions } from "./bench/peer.js";
@@ -239,6 +240,22 @@ bench
   .option("--output-len <n>", "tokens per request", intArg("--output-len", 1), 32)
   .option("--json <file>", "write the results as JSON")
   .action(async (o: BatchBenchOptions) => void (await batchBench(o)));
+bench
+  .command("structured")
+  .description("constrained decoding's cost: N JSON-schema requests at once vs N unconstrained, same prompt and token counts")
+  .requiredOption("--model <dir>", "model directory (with its tokenizer)")
+  .option("--concurrency <n>", "requests decoded together", intArg("--concurrency", 1), 16)
+  .option("--output-len <n>", "most tokens per request (a request that completes its schema ends sooner; its twin matches it)", intArg("--output-len", 1), 64)
+  .option("--rounds <n>", "alternating rounds; each side reports its best", intArg("--rounds", 1), 3)
+  .option("--temperature <t>", "sampling temperature of both sides (0: greedy)", (v: string) => {
+    const t = Number(v);
+    if (!(t >= 0 && t <= 2)) throw new InvalidArgumentError("--temperature must be between 0 and 2");
+    return t;
+  }, 1)
+  .option("--schema <file>", "a JSON schema file (default: a built-in list of records)")
+  .option("--json <file>", "write the results as JSON")
+  .addOption(dtypeOption())
+  .action(async (o: StructuredBenchOptions) => void (await structuredBench(o)));
 bench
   .command("profile")
   .description("where a step's time goes: decode at several batch sizes, and one prefill")

@@ -122,9 +122,10 @@ DeviceArray<bf16> uploadBf16(std::initializer_list<const Tensor*> parts, const c
 }
 
 // Whether row i is plain greedy: the GPU's argmax is exactly what sampleToken would return.
-bool greedyOnGpu(const SamplingParams& p) {
+bool greedyOnGpu(const StepInput& in, int i) {
+  const SamplingParams& p = in.params[i];
   return (p.temperature <= 1e-5f || p.topK == 1) && p.repetitionPenalty == 1.0f && p.presencePenalty == 0.0f &&
-         p.frequencyPenalty == 0.0f && p.bias.empty() && p.mask.empty() && p.numLogprobs == 0;
+         p.frequencyPenalty == 0.0f && p.bias.empty() && in.maskOffsets[i] == -1 && p.numLogprobs == 0;
 }
 
 class CudaModel : public Backend {
@@ -197,6 +198,7 @@ class CudaModel : public Backend {
 
   StepOutput step(const StepInput& in) override {
     validateStep(cfg_, in);
+    if (!in.scoreRows.empty()) throw std::invalid_argument("prompt log-probs are not computed on the CUDA backend");
     std::lock_guard<std::mutex> lock(mutex_);
     check(cudaSetDevice(0), "set device");  // step() runs on whichever worker thread libuv picks
     const auto start = std::chrono::steady_clock::now();
@@ -387,7 +389,7 @@ class CudaModel : public Backend {
     check(cudaMemcpyAsync(hostGreedy_.get(), greedy_.get(), S * sizeof(cuda::Greedy), cudaMemcpyDeviceToHost, stream_), "copy back");
     std::vector<int> hostRows;  // rows sampled on the CPU
     for (int i = 0; i < S; i++)
-      if (!out.rowErrors[i] && (in.returnLogits || !greedyOnGpu(in.params[i]))) hostRows.push_back(i);
+      if (!out.rowErrors[i] && (in.returnLogits || !greedyOnGpu(in, i))) hostRows.push_back(i);
     if (in.returnLogits) {
       check(cudaMemcpyAsync(hostLogits_.get(), logits_.get(), S * V * 4, cudaMemcpyDeviceToHost, stream_), "copy back");
     } else if (!hostRows.empty()) {
@@ -399,7 +401,7 @@ class CudaModel : public Backend {
     check(cudaStreamSynchronize(stream_), "step");
     std::vector<int> failed;  // greedy rows with non-finite logits: the CPU sampler reports them
     for (int i = 0; i < S; i++) {
-      if (out.rowErrors[i] || in.returnLogits || !greedyOnGpu(in.params[i])) continue;
+      if (out.rowErrors[i] || in.returnLogits || !greedyOnGpu(in, i)) continue;
       const cuda::Greedy& g = hostGreedy_.get()[i];
       if (g.finite) {
         out.tokens[i] = g.token;
@@ -409,6 +411,7 @@ class CudaModel : public Backend {
         out.rowErrors[i] = "the model produced non-finite logits";
       }
     }
+    const bool masksMade = awaitMasks(in);
     const auto start = std::chrono::steady_clock::now();
     const float* logits = hostLogits_.get();
     const int n = static_cast<int>(hostRows.size());
@@ -416,7 +419,7 @@ class CudaModel : public Backend {
     for (int j = 0; j < n; j++) {
       static thread_local std::vector<float> scratch;
       const int i = hostRows[j];
-      sampleRow(k_, in, i, logits + (in.returnLogits ? static_cast<size_t>(i) : static_cast<size_t>(j)) * V, cfg_.vocab, out, scratch);
+      sampleRow(k_, in, i, logits + (in.returnLogits ? static_cast<size_t>(i) : static_cast<size_t>(j)) * V, cfg_.vocab, out, scratch, masksMade);
     }
     if (in.returnLogits) out.logits.assign(logits, logits + S * V);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -6,7 +6,7 @@ import { randomUUID } from "node:crypto";
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
 import { IncrementalDetokenizer } from "../model/detokenizer.js";
 import type { TextTokenizer } from "../model/tokenizer.js";
-import type { RunnerSequence, StepResult } from "../runtime/model-runner.js";
+import type { MaskSource, RunnerSequence, StepResult } from "../runtime/model-runner.js";
 import { AdmissionPolicy, refusalError } from "./admission.js";
 import type { EngineConfig, ModelLimits } from "./engine-config.js";
 import { EngineError } from "./errors.js";
@@ -52,6 +52,8 @@ interface Live {
   detok: IncrementalDetokenizer | null;
   stops: StopStringMatcher;
   pending: RequestOutput;
+  /** Its prompt log-probs have been handed to its pending output. */
+  promptSent: boolean;
 }
 
 export class Engine {
@@ -98,7 +100,7 @@ export class Engine {
     r.grammar = input.grammar ?? null;
     const stream = new OutputStream(id, () => this.abort(id));
     const detok = this.tokenizer ? new IncrementalDetokenizer(this.tokenizer, r.promptTokenIds, input.params.skipSpecialTokens) : null;
-    this.live.set(id, { request: r, stream, detok, stops: new StopStringMatcher(input.params.stop, input.params.includeStopStrInOutput), pending: emptyOutput() });
+    this.live.set(id, { request: r, stream, detok, stops: new StopStringMatcher(input.params.stop, input.params.includeStopStrInOutput), pending: emptyOutput(), promptSent: false });
     this.scheduler.add(r);
     this.kick();
     return stream;
@@ -188,13 +190,14 @@ export class Engine {
   private async execute(scheduled: ScheduledRequest[]): Promise<StepResult | null> {
     const start = this.now();
     try {
-      // A constrained row samples under its grammar's mask; other rows are untouched.
-      const masks = await Promise.all(scheduled.map(({ request: r, sample }) => (sample && r.grammar ? nextMask(r, r.grammar) : undefined)));
-      const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }, i) => ({
+      // A constrained row samples under its grammar's mask, made while the step's forward pass runs
+      // (its matcher took the previous token in process()); other rows are untouched.
+      const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }) => ({
         tokenIds: r.allTokenIds.slice(r.numComputedTokens, r.numComputedTokens + numTokens),
         startPosition: r.numComputedTokens,
         blockTable: this.kv.blockIds(r.id),
-        sample: sample ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r), mask: masks[i] } : null,
+        ...(r.params.promptLogprobs !== null ? { score: r.scoreSpan(numTokens) } : {}),
+        sample: sample && r.params.maxTokens > 0 ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r), ...maskOf(r) } : null,
       }));
       const result = await this.runner.execute(seqs);
       this.steps++;
@@ -217,6 +220,7 @@ export class Engine {
 
   private process(scheduled: ScheduledRequest[], result: StepResult): void {
     this.advanceGrammars(scheduled, result);
+    this.recordScores(scheduled, result);
     const tokens = result.samples.map((s) => s?.tokenId ?? null);
     this.scheduler.update(scheduled, tokens);
     const now = this.now();
@@ -230,6 +234,23 @@ export class Engine {
       const l = this.live.get(s.request.id);
       if (!sample || !l) return;
       this.emitToken(l, sample.tokenId, { tokenId: sample.tokenId, logprob: sample.logprob, top: sample.top }, now);
+    });
+    // Ended without a token (max_tokens 0): its stream ends here.
+    for (const s of scheduled) {
+      const l = this.live.get(s.request.id);
+      if (l && s.request.status >= RequestStatus.FINISHED_STOPPED) this.complete(l);
+    }
+  }
+
+  /** Prompt log-probs: each scored row's result in order; the whole list goes out with the request's next output. */
+  private recordScores(scheduled: ScheduledRequest[], result: StepResult): void {
+    scheduled.forEach(({ request: r }, i) => {
+      const l = this.live.get(r.id);
+      if (!l || r.params.promptLogprobs === null || l.promptSent) return;
+      r.promptScores.push(...(result.scores?.[i] ?? []));
+      if (r.promptScores.length < r.promptTokenIds.length - 1) return;
+      l.pending.promptLogprobs = [null, ...r.promptScores];
+      l.promptSent = true;
     });
   }
 
@@ -295,6 +316,13 @@ export class Engine {
     this.observer.finished?.(r);
     l.stream.push(out);
   }
+}
+
+/** A constrained request's mask, as the runner takes it: made once the step has started. */
+function maskOf(r: Request): { mask?: MaskSource } {
+  const grammar = r.grammar;
+  if (!grammar) return {};
+  return { mask: () => nextMask(r, grammar) };
 }
 
 /** The request's next token mask; its matcher is made at its first sampled step (not while it waits in the queue). */

@@ -1,5 +1,6 @@
 /** A request's outputs as an async iterable: the engine pushes, the caller iterates. */
 import type { FinishReason, GeneratedLogprob } from "./request.js";
+import type { PromptScore } from "../runtime/model-runner.js";
 
 export interface Usage {
   promptTokens: number;
@@ -14,6 +15,8 @@ export interface RequestOutput {
   /** Text completed since the previous output (may lag tokens by an incomplete character or a possible stop string). */
   text: string;
   logprobs: GeneratedLogprob[];
+  /** Once, with the first output, when asked (params.promptLogprobs): one per prompt token, null for the first. */
+  promptLogprobs?: (PromptScore | null)[];
   finished: boolean;
   finishReason?: FinishReason;
   /** vLLM's stop_reason: the stop token id or stop string that ended it; null for EOS. */
@@ -75,6 +78,7 @@ export class OutputStream implements AsyncIterable<RequestOutput> {
       all.tokenIds.push(...o.tokenIds);
       all.text += o.text;
       all.logprobs.push(...o.logprobs);
+      if (o.promptLogprobs) all.promptLogprobs = o.promptLogprobs;
       if (o.finished) Object.assign(all, { finished: true, finishReason: o.finishReason, stopReason: o.stopReason, usage: o.usage, error: o.error, errorKind: o.errorKind });
     }
     return all;

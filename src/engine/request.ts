@@ -1,6 +1,6 @@
 /** A generation request and its lifecycle. */
 import type { SamplingParams } from "./sampling-params.js";
-import type { TokenLogprob } from "../runtime/model-runner.js";
+import type { PromptScore, TokenLogprob } from "../runtime/model-runner.js";
 import type { Grammar, RequestGrammar } from "./grammar.js";
 
 /** Ordered: every status after RUNNING is final. */
@@ -77,6 +77,8 @@ export class Request {
   matcher: RequestGrammar | null = null;
   /** A stop token has completed the grammar. */
   grammarDone = false;
+  /** Prompt log-probs (params.promptLogprobs): entry i scores prompt token i + 1, filled as prefill chunks run. */
+  readonly promptScores: PromptScore[] = [];
 
   constructor(
     readonly id: string,
@@ -98,6 +100,17 @@ export class Request {
   /** Tokens it may take (prompt + max_tokens): its cost to its tenant's fair share. */
   get fairShareCost(): number {
     return this.promptTokenIds.length + this.params.maxTokens;
+  }
+
+  /** This step's prompt rows to score, as the runner takes them: positions not scored yet whose next token is in the prompt. */
+  scoreSpan(numTokens: number): { firstRow: number; targets: number[]; topN: number } | undefined {
+    const topN = this.params.promptLogprobs;
+    if (topN === null) return undefined;
+    const start = this.numComputedTokens;
+    const first = Math.max(start, this.promptScores.length);
+    const end = Math.min(start + numTokens, this.promptTokenIds.length - 1);
+    if (end <= first) return undefined;
+    return { firstRow: first - start, targets: this.promptTokenIds.slice(first + 1, end + 1), topN };
   }
 
   get numTokens(): number {

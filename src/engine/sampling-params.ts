@@ -17,6 +17,12 @@ export interface SamplingParams extends RunnerSampling {
   minTokens: number;
   /** Special tokens' text is left out of the output (vLLM's skip_special_tokens). */
   skipSpecialTokens: boolean;
+  /**
+   * Top-N log-probs for every prompt token (vLLM's prompt_logprobs; completions'
+   * echo with logprobs), or null for none. Such a request computes its whole
+   * prompt: it takes no prefix-cache hit, so every position has logits.
+   */
+  promptLogprobs: number | null;
 }
 
 export const MAX_SEED = Number.MAX_SAFE_INTEGER;
@@ -39,6 +45,7 @@ export function defaultSamplingParams(overrides: Partial<SamplingParams> = {}): 
     includeStopStrInOutput: false,
     minTokens: 0,
     skipSpecialTokens: true,
+    promptLogprobs: null,
     ...overrides,
   };
 }

@@ -80,7 +80,8 @@ export class Scheduler {
         if (freed === null) break;
         budget += freed;
       }
-      const cached = r.numComputedTokens === 0 ? this.kv.computedBlocks(r) : { blocks: [], numTokens: 0 };
+      // A request scoring its prompt computes every position: no prefix-cache hit.
+      const cached = r.numComputedTokens === 0 && r.params.promptLogprobs === null ? this.kv.computedBlocks(r) : { blocks: [], numTokens: 0 };
       const n = this.lowPrefillCap(r, Math.min(r.numTokens - cached.numTokens, budget), lowPrefill);
       if (n === 0 || !this.kv.allocateSlots(r, n, cached.blocks)) break;
       if (this.kv.enablePrefixCaching) this.kv.recordLookup(r.numTokens, cached.numTokens);
@@ -136,7 +137,11 @@ export class Scheduler {
       r.numComputedTokens += s.numTokens;
       this.kv.cacheFullBlocks(r);
       const token = sampled[i];
-      if (token === null || token === undefined) return;
+      if (token === null || token === undefined) {
+        // max_tokens 0 (an echo of the prompt): done once the prompt is computed.
+        if (r.params.maxTokens === 0 && r.numComputedTokens === r.numTokens) this.finish(r, RequestStatus.FINISHED_LENGTH);
+        return;
+      }
       r.outputTokenIds.push(token);
       this.checkStop(r, token);
     });

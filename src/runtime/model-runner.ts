@@ -45,9 +45,16 @@ export interface SampleRequest {
   outputIds: readonly number[];
   /** Token ids that cannot be sampled at this step (EOS and stop tokens before min_tokens). */
   banned?: readonly number[];
-  /** Grammar mask (structured outputs): ceil(vocab / 32) words, bit t set = token t may be sampled. */
-  mask?: Int32Array;
+  /**
+   * Grammar mask (structured outputs): ceil(vocab / 32) words, bit t set = token t may be sampled.
+   * A function is called once the step has started and its mask is written while the forward
+   * pass runs (sampling waits for it); undefined from it = no mask.
+   */
+  mask?: Int32Array | MaskSource;
 }
+
+/** A mask made on demand (see SampleRequest.mask). */
+export type MaskSource = () => Promise<Int32Array | undefined>;
 
 /** One sequence's share of a step. */
 export interface RunnerSequence {
@@ -59,6 +66,11 @@ export interface RunnerSequence {
   blockTable: readonly number[];
   /** Sample from the last row's logits. */
   sample: SampleRequest | null;
+  /**
+   * Prompt log-probs: rows firstRow .. firstRow + targets.length - 1 of this step's
+   * tokens each score targets[i] (the token that follows it) and give their top `topN`.
+   */
+  score?: { firstRow: number; targets: readonly number[]; topN: number };
   /** Fidelity checks: return logits for every row of this sequence (greedy-sampled, results ignored). */
   allLogits?: boolean;
 }
@@ -72,6 +84,11 @@ export interface SampleResult extends TokenLogprob {
   top: TokenLogprob[];
 }
 
+/** A prompt token's log-prob under the previous position's logits, its rank (1 = most likely) and that position's top-N. */
+export interface PromptScore extends SampleResult {
+  rank: number;
+}
+
 export interface StepResult {
   /** Per sequence: what it sampled, or null (not sampled this step, or failed: see errors). */
   samples: (SampleResult | null)[];
@@ -79,6 +96,8 @@ export interface StepResult {
   errors: (string | null)[];
   /** Per sequence, when asked: (rows × vocab) logits. */
   logits?: (Float32Array | null)[];
+  /** Per sequence: its scored rows' results, in order (empty when it asked for none). */
+  scores?: PromptScore[][];
 }
 
 export interface KvLayout {
@@ -171,8 +190,33 @@ export class ModelRunner {
 
   async execute(seqs: readonly RunnerSequence[]): Promise<StepResult> {
     const input = this.buildInput(seqs);
-    const out = await this.native.step(input);
+    const out = input.sources.length > 0 ? await this.stepWhileMasking(input) : await this.native.step(input);
     return this.unpack(seqs, out, input);
+  }
+
+  /**
+   * Starts the step, then makes the deferred masks while its forward pass runs on the
+   * worker thread, writing each into its place; the step samples once they are all in
+   * (provideMasks). A mask that cannot be made fails the step after it ends.
+   */
+  private async stepWhileMasking(input: NativeStepInput & { sources: { at: number; make: MaskSource }[] }): Promise<NativeStepOutput> {
+    const step = this.native.step(input);
+    step.catch(() => undefined); // awaited below, after the masks
+    let failure: unknown = null;
+    try {
+      for (const { at, make } of input.sources) {
+        const m = await make();
+        if (m && m.length !== input.maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${input.maskWords}`);
+        input.masks.set(m ?? new Int32Array(input.maskWords).fill(-1), at); // none: every token allowed
+      }
+    } catch (e) {
+      failure = e;
+    } finally {
+      this.native.provideMasks(failure === null);
+    }
+    const out = await step;
+    if (failure !== null) throw failure;
+    return out;
   }
 
   /** Frees the weights and KV pool now (after a step in flight); later calls to execute() reject with "model disposed". */
@@ -180,7 +224,7 @@ export class ModelRunner {
     return this.native.dispose();
   }
 
-  private buildInput(seqs: readonly RunnerSequence[]): NativeStepInput & { rowsPerSeq: number[] } {
+  private buildInput(seqs: readonly RunnerSequence[]): NativeStepInput & { rowsPerSeq: number[]; sources: { at: number; make: MaskSource }[] } {
     const bs = this.kv.blockSize;
     const T = seqs.reduce((n, s) => n + s.tokenIds.length, 0);
     const maxBlocks = Math.max(1, ...seqs.map((s) => Math.ceil((s.startPosition + s.tokenIds.length) / bs)));
@@ -189,7 +233,8 @@ export class ModelRunner {
     const blockTables = new Int32Array(seqs.length * maxBlocks).fill(-1);
     const sampleRows: number[] = [], params: RunnerSampling[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
     const prompt: number[][] = [], output: number[][] = [], bias: (readonly [number, number])[][] = [];
-    const masks: (Int32Array | undefined)[] = [];
+    const masks: (Int32Array | MaskSource | undefined)[] = [];
+    const scoreRows: number[] = [], scoreTargets: number[] = [], scoreTopN: number[] = [];
     let row = 0;
     seqs.forEach((s, b) => {
       seqStarts[b] = row;
@@ -216,6 +261,11 @@ export class ModelRunner {
         prompt.push(penal ? [...req.promptIds] : []);
         output.push(penal ? [...req.outputIds] : []);
       }
+      s.score?.targets.forEach((target, i) => {
+        scoreRows.push(row + s.score!.firstRow + i);
+        scoreTargets.push(target);
+        scoreTopN.push(s.score!.topN);
+      });
       row += s.tokenIds.length;
     });
     seqStarts[seqs.length] = row;
@@ -243,33 +293,39 @@ export class ModelRunner {
       biasOffsets, biasIds, biasValues: Float32Array.from(bias.flat(), ([, v]) => v),
       ...this.flatMasks(masks),
       promptOffsets, promptTokens, outputOffsets, outputTokens,
+      scoreRows: Int32Array.from(scoreRows), scoreTargets: Int32Array.from(scoreTargets), scoreTopN: Int32Array.from(scoreTopN),
       returnLogits: seqs.some((s) => s.allLogits),
       rowsPerSeq,
     };
   }
 
-  /** Each row's grammar mask, end to end; -1 offsets for rows without one. */
-  private flatMasks(rows: readonly (Int32Array | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords"> {
+  /**
+   * Each row's grammar mask, end to end; -1 offsets for rows without one. Masks still to be
+   * made get their place, filled by stepWhileMasking.
+   */
+  private flatMasks(rows: readonly (Int32Array | MaskSource | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords" | "masksPending"> & { sources: { at: number; make: MaskSource }[] } {
     const maskWords = Math.ceil(this.vocab / 32);
-    const present = rows.filter((m) => m !== undefined);
-    const masks = new Int32Array(present.length * maskWords);
+    const sources: { at: number; make: MaskSource }[] = [];
+    const masks = new Int32Array(rows.filter((m) => m !== undefined).length * maskWords);
     const maskOffsets = new Int32Array(rows.length).fill(-1);
     let at = 0;
     rows.forEach((m, i) => {
       if (!m) return;
-      if (m.length !== maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${maskWords}`);
-      masks.set(m, at);
+      if (typeof m === "function") sources.push({ at, make: m });
+      else if (m.length !== maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${maskWords}`);
+      else masks.set(m, at);
       maskOffsets[i] = at;
       at += maskWords;
     });
-    return { maskOffsets, masks, maskWords };
+    return { maskOffsets, masks, maskWords, sources, ...(sources.length > 0 ? { masksPending: true } : {}) };
   }
 
   private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {
     const samples: (SampleResult | null)[] = [];
     const errors: (string | null)[] = [];
     const logits: (Float32Array | null)[] = [];
-    let r = 0;
+    const scores: PromptScore[][] = [];
+    let r = 0, scored = 0;
     seqs.forEach((s, b) => {
       const rows = input.rowsPerSeq[b]!;
       if (out.logits && s.allLogits) logits.push(out.logits.slice(r * this.vocab, (r + rows) * this.vocab));
@@ -287,7 +343,17 @@ export class ModelRunner {
         samples.push(null);
       }
       r += rows;
+      const mine: PromptScore[] = [];
+      for (const tokenId of s.score?.targets ?? []) {
+        const top: TokenLogprob[] = [];
+        for (let i = 0; i < s.score!.topN; i++) {
+          top.push({ tokenId: out.scoreTopIds[scored * out.scoreTopN + i]!, logprob: out.scoreTopLogprobs[scored * out.scoreTopN + i]! });
+        }
+        mine.push({ tokenId, logprob: out.scoreLogprobs[scored]!, rank: out.scoreRanks[scored]!, top });
+        scored++;
+      }
+      scores.push(mine);
     });
-    return out.logits ? { samples, errors, logits } : { samples, errors };
+    return out.logits ? { samples, errors, logits, scores } : { samples, errors, scores };
   }
 }

@@ -125,12 +125,25 @@ export interface NativeStepInput {
   biasIds: Int32Array; // token ids whose logit is biased before sampling
   biasValues: Float32Array; // added to those logits (-Infinity bans the token)
   maskOffsets: Int32Array; // (S) start of the row's grammar mask in masks, -1 = none
-  masks: Int32Array; // maskWords words per mask: bit t of word t/32 set = token t may be sampled
+  masks: Int32Array; // maskWords words per mask: bit t of word t/32 set = token t may be sampled; read in place
   maskWords: number; // ceil(vocab / 32)
+  /**
+   * The masks are written while the step runs: its forward pass starts at once and
+   * sampling waits for NativeModel.provideMasks(). Absent: the masks are ready now.
+   */
+  masksPending?: boolean;
   promptOffsets: Int32Array; // (S+1) into promptTokens (repetition penalty)
   promptTokens: Int32Array;
   outputOffsets: Int32Array; // (S+1) into outputTokens (all penalties)
   outputTokens: Int32Array;
+  /**
+   * Prompt log-probs: row scoreRows[i]'s logits score token scoreTargets[i] (the
+   * prompt's next token) and give their top scoreTopN[i] (0..1000). Reduced in
+   * the step a few rows at a time; no (R × vocab) array is made. Empty = none.
+   */
+  scoreRows: Int32Array; // (R)
+  scoreTargets: Int32Array; // (R)
+  scoreTopN: Int32Array; // (R)
   /** Return the (S × vocab) logits too: the forward pass's raw output, for fidelity checks. */
   returnLogits?: boolean;
 }
@@ -148,6 +161,11 @@ export interface NativeStepOutput {
   topIds: Int32Array; // (S * topN), -1 where a row asked fewer
   topLogprobs: Float32Array; // (S * topN)
   logits?: Float32Array; // (S * vocab)
+  scoreLogprobs: Float32Array; // (R) log-prob of each scored target under its row's raw logits
+  scoreRanks: Int32Array; // (R) 1 + the number of tokens whose logit is above the target's
+  scoreTopN: number;
+  scoreTopIds: Int32Array; // (R * scoreTopN), -1 where a row asked fewer
+  scoreTopLogprobs: Float32Array; // (R * scoreTopN)
 }
 
 export interface NativeModelInfo {
@@ -199,6 +217,12 @@ export interface NativeModel {
    */
   step(input: NativeStepInput): Promise<NativeStepOutput>;
   info(): NativeModelInfo;
+  /**
+   * For the step in flight, started with masksPending: its masks are written
+   * (`made`), or could not be made (its masked rows fail). Its sampling waits
+   * for this call (60 s at most).
+   */
+  provideMasks(made: boolean): void;
   /** Blocks while a step is in flight; resets the counters. */
   takeProfile(): NativeProfile;
   /**

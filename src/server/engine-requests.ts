@@ -34,6 +34,13 @@ export function tokenBudget(r: GenerationRequest, prompts: readonly number[][], 
   return prompts.reduce((n, p) => n + p.length + r.n * maxTokens(r, p.length, maxModelLen), 0);
 }
 
+/** Top-N prompt log-probs the engine computes: for prompt_logprobs, and for completions' echo with logprobs. */
+export function promptLogprobsWanted(r: GenerationRequest): number | null {
+  const echoed = r.kind === "completion" && r.echo && r.logprobs !== null ? r.logprobs : null;
+  if (echoed === null) return r.promptLogprobs;
+  return Math.max(echoed, r.promptLogprobs ?? 0);
+}
+
 function samplingParams(r: GenerationRequest, promptLen: number, maxModelLen: number, choice: number, keepSpecialTokens: boolean): SamplingParams {
   return defaultSamplingParams({
     temperature: r.temperature, topP: r.topP, topK: r.topK, minP: r.minP,
@@ -41,6 +48,7 @@ function samplingParams(r: GenerationRequest, promptLen: number, maxModelLen: nu
     logprobs: r.logprobs ?? 0, maxTokens: maxTokens(r, promptLen, maxModelLen), stop: r.stop, stopTokenIds: r.stopTokenIds,
     ignoreEos: r.ignoreEos, includeStopStrInOutput: r.includeStopStrInOutput, minTokens: r.minTokens, logitBias: r.logitBias,
     skipSpecialTokens: r.skipSpecialTokens && !keepSpecialTokens,
+    promptLogprobs: promptLogprobsWanted(r),
     ...(r.seed !== null ? { seed: BigInt.asUintN(64, r.seed + BigInt(choice)) } : {}),
   });
 }
@@ -96,6 +104,9 @@ export function addChoices(r: GenerationRequest, model: LoadedModel, prompts: nu
   const vocab = model.engine.limits.vocabSize;
   const outside = r.logitBias.find(([id]) => id >= vocab);
   if (outside) throw apiError("invalid_request", { param: "logit_bias", detail: `token id ${outside[0]} is outside the vocabulary (0..${vocab - 1})` });
+  if (promptLogprobsWanted(r) !== null && model.runner.info().device === "cuda") {
+    throw apiError("invalid_request", { param: r.promptLogprobs !== null ? "prompt_logprobs" : "echo", detail: `model ${model.id} runs on CUDA, which does not compute prompt log-probs yet` });
+  }
   // A tool-call marker that is a special token (Mistral's [TOOL_CALLS]) must survive detokenizing.
   const keepSpecial = r.kind === "chat" && model.tokenizer !== null && (requestToolParser(r, model.tokenizer, chat, model.id)?.needsSpecialTokens ?? false);
   const grammar = structuredGrammar(r.kind === "chat" ? chatConstraint(r, model, prompts[0]!, chat) : r.structured, model);

@@ -6,6 +6,7 @@ import { randomBytes } from "node:crypto";
 import type { LoadedModel } from "../engine/engine-manager.js";
 import type { RequestOutput } from "../engine/output-stream.js";
 import type { GeneratedLogprob } from "../engine/request.js";
+import type { PromptScore } from "../runtime/model-runner.js";
 import { apiError, type ApiError } from "./errors.js";
 import type { Choice, GenerationRequest } from "./engine-requests.js";
 import { ChatOutput, type ChatOutputSpec, type ChatPiece, type ToolCall } from "./chat-output.js";
@@ -54,20 +55,67 @@ export function chatLogprobs(model: LoadedModel, lps: GeneratedLogprob[], top: n
   return { content: lps.map((lp) => ({ ...entry(lp.tokenId, lp.logprob), top_logprobs: lp.top.slice(0, top).map((t) => entry(t.tokenId, t.logprob)) })) };
 }
 
-export function completionLogprobs(model: LoadedModel, lps: GeneratedLogprob[], top: number, offset: number): Json {
-  const tokens = lps.map((lp) => tokenText(model, lp.tokenId));
-  const offsets: number[] = [];
+/** Legacy completions' log-probs: parallel lists, one entry per token. */
+export interface LegacyLogprobs {
+  tokens: string[];
+  token_logprobs: (number | null)[];
+  top_logprobs: (Record<string, number> | null)[];
+  text_offset: number[];
+}
+
+/** Each token's text and its offset, counted from `offset`. */
+function offsetsOf(model: LoadedModel, ids: readonly number[], offset: number): { tokens: string[]; text_offset: number[] } {
+  const tokens = ids.map((id) => tokenText(model, id));
+  const text_offset: number[] = [];
   let at = offset;
   for (const t of tokens) {
-    offsets.push(at);
+    text_offset.push(at);
     at += t.length;
   }
+  return { tokens, text_offset };
+}
+
+const topDict = (model: LoadedModel, top: readonly { tokenId: number; logprob: number }[], n: number): Record<string, number> =>
+  Object.fromEntries(top.slice(0, n).map((t) => [tokenText(model, t.tokenId), t.logprob]));
+
+export function completionLogprobs(model: LoadedModel, lps: GeneratedLogprob[], top: number, offset: number): LegacyLogprobs {
   return {
-    tokens,
+    ...offsetsOf(model, lps.map((lp) => lp.tokenId), offset),
     token_logprobs: lps.map((lp) => lp.logprob),
-    top_logprobs: lps.map((lp) => Object.fromEntries(lp.top.slice(0, top).map((t) => [tokenText(model, t.tokenId), t.logprob]))),
-    text_offset: offsets,
+    top_logprobs: lps.map((lp) => topDict(model, lp.top, top)),
   };
+}
+
+/**
+ * An echoed prompt's log-probs, as OpenAI's legacy completions and vLLM give
+ * them: the first token has none (null); offsets count from the prompt's start.
+ */
+export function echoedLogprobs(model: LoadedModel, prompt: readonly number[], scores: readonly (PromptScore | null)[], top: number): LegacyLogprobs {
+  return {
+    ...offsetsOf(model, prompt, 0),
+    token_logprobs: scores.map((s) => s?.logprob ?? null),
+    top_logprobs: scores.map((s) => (s ? topDict(model, s.top, top) : null)),
+  };
+}
+
+function joinLogprobs(a: LegacyLogprobs, b: LegacyLogprobs): LegacyLogprobs {
+  return {
+    tokens: [...a.tokens, ...b.tokens], token_logprobs: [...a.token_logprobs, ...b.token_logprobs],
+    top_logprobs: [...a.top_logprobs, ...b.top_logprobs], text_offset: [...a.text_offset, ...b.text_offset],
+  };
+}
+
+/**
+ * vLLM's prompt_logprobs: null for the first token, then per position a map from
+ * token id to {logprob, rank, decoded_token}: the prompt's token, then the top `n`.
+ */
+export function promptLogprobsBody(model: LoadedModel, scores: readonly (PromptScore | null)[], n: number): (Json | null)[] {
+  const entry = (id: number, logprob: number, rank: number): [string, Json] => [String(id), { logprob, rank, decoded_token: tokenText(model, id) }];
+  return scores.map((s) => {
+    if (!s) return null;
+    const top = s.top.slice(0, n).map((t, i) => entry(t.tokenId, t.logprob, i + 1)).filter(([id]) => id !== String(s.tokenId));
+    return Object.fromEntries([entry(s.tokenId, s.logprob, s.rank), ...top]);
+  });
 }
 
 /** An echoed prompt's text: as sent, or decoded from its token ids. */
@@ -117,13 +165,17 @@ export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: Loaded
     } else {
       const prefix = r.echo ? promptText(model, r, prompts[c.promptIndex]!, c.promptIndex) : "";
       choice.text = prefix + o.text;
-      choice.logprobs = r.logprobs !== null ? completionLogprobs(model, o.logprobs, r.logprobs, prefix.length) : null;
+      const generated = r.logprobs !== null ? completionLogprobs(model, o.logprobs, r.logprobs, prefix.length) : null;
+      const echoed = generated && r.echo && o.promptLogprobs ? echoedLogprobs(model, prompts[c.promptIndex]!, o.promptLogprobs, r.logprobs!) : null;
+      choice.logprobs = echoed && generated ? joinLogprobs(echoed, generated) : generated;
       choice.finish_reason = o.finishReason;
+      if (r.promptLogprobs !== null) choice.prompt_logprobs = promptLogprobsBody(model, o.promptLogprobs ?? [], r.promptLogprobs);
     }
     choice.stop_reason = o.stopReason ?? null;
     if (r.returnTokenIds) choice.token_ids = o.tokenIds;
     return choice;
   });
+  if (r.kind === "chat" && r.promptLogprobs !== null) body.prompt_logprobs = promptLogprobsBody(model, outs[0]?.promptLogprobs ?? [], r.promptLogprobs);
   body.usage = usageBody(usageTotals(prompts, outs, r.n));
   if (r.returnTokenIds) body.prompt_token_ids = prompts.length === 1 ? prompts[0] : prompts;
   return body;
@@ -133,6 +185,8 @@ export function wholeBody(r: GenerationRequest, h: ResponseHeader, model: Loaded
 export class ChunkFormatter {
   private readonly object: string;
   private readonly outputs = new Map<number, ChatOutput>();
+  /** Completions' echo: each choice's prompt (its text, and ids for its log-probs). */
+  private readonly echoes = new Map<number, { text: string; ids: number[] }>();
 
   constructor(
     private readonly r: GenerationRequest,
@@ -150,8 +204,12 @@ export class ChunkFormatter {
   /** The opening chunk of a choice (chat: the role; completions: the echoed prompt), or null. */
   opening(c: Choice, prompts: number[][]): Json | null {
     if (this.r.kind === "chat") return this.chunk([{ index: c.index, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }]);
-    if (this.r.echo) return this.chunk([{ index: c.index, text: promptText(this.model, this.r, prompts[c.promptIndex]!, c.promptIndex), logprobs: null, finish_reason: null }]);
-    return null;
+    if (!this.r.echo) return null;
+    const echo = { text: promptText(this.model, this.r, prompts[c.promptIndex]!, c.promptIndex), ids: prompts[c.promptIndex]! };
+    this.echoes.set(c.index, echo);
+    // With log-probs the prompt goes out with its log-probs, in the first output's chunk.
+    if (this.r.logprobs !== null) return null;
+    return this.chunk([{ index: c.index, text: echo.text, logprobs: null, finish_reason: null }]);
   }
 
   /** The chunks for one output of a choice (none when there is nothing to send); `textOffset` is the choice's text so far. */
@@ -159,9 +217,14 @@ export class ChunkFormatter {
     const r = this.r;
     if (r.kind === "chat") return this.chatDeltas(c, o);
     const finishReason = o.finished ? o.finishReason : null;
-    if (!o.text && !finishReason && !(r.logprobs !== null && o.logprobs.length)) return [];
-    const lp = r.logprobs !== null ? completionLogprobs(this.model, o.logprobs, r.logprobs, textOffset) : null;
-    return [this.chunk([{ index: c.index, text: o.text, logprobs: lp, finish_reason: finishReason, ...this.extra(o) }])];
+    const echo = this.echoes.get(c.index);
+    const echoNow = echo && r.logprobs !== null && o.promptLogprobs ? echo : null;
+    if (!o.text && !finishReason && !echoNow && !(r.logprobs !== null && o.logprobs.length)) return [];
+    // Generated text follows the echoed prompt, so its offsets start after it.
+    let lp = r.logprobs !== null ? completionLogprobs(this.model, o.logprobs, r.logprobs, (echo?.text.length ?? 0) + textOffset) : null;
+    if (lp && echoNow) lp = joinLogprobs(echoedLogprobs(this.model, echoNow.ids, o.promptLogprobs!, r.logprobs!), lp);
+    const text = (echoNow?.text ?? "") + o.text;
+    return [this.chunk([{ index: c.index, text, logprobs: lp, finish_reason: finishReason, ...this.extra(o) }])];
   }
 
   private extra(o: RequestOutput): Json {

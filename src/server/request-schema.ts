@@ -43,6 +43,8 @@ export interface CommonFields {
   logitBias: [number, number][];
   /** response_format or structured_outputs: the grammar the output must follow, or null. */
   structured: StructuredOutput | null;
+  /** vLLM's prompt_logprobs: top-N log-probs at every prompt position (not streamed), or null. */
+  promptLogprobs: number | null;
 }
 
 /** OpenAI's tool_choice: a function named, or what the model may do. */
@@ -152,7 +154,16 @@ function logitBias(body: Json): [number, number][] {
   });
 }
 
-function common(body: Json, logprobs: number | null): CommonFields {
+/** vLLM's prompt_logprobs: 0..20; like vLLM, not with stream (the echo of completions streams them instead). */
+function promptLogprobs(body: Json): number | null {
+  if (!present(body, "prompt_logprobs")) return null;
+  const n = num(body, "prompt_logprobs", 0, 0, MAX_LOGPROBS, true);
+  if (body.stream === true) throw invalid("prompt_logprobs", "is not available with stream: true");
+  return n;
+}
+
+/** `zeroMaxTokens`: max_tokens 0 is allowed (completions' echo returns just the prompt). */
+function common(body: Json, logprobs: number | null, zeroMaxTokens = false): CommonFields {
   if (typeof body.model !== "string" || body.model === "") throw invalid("model", "is required and must be a string");
   const maxKey = present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const streamOptions = body.stream_options;
@@ -162,7 +173,8 @@ function common(body: Json, logprobs: number | null): CommonFields {
   const includeUsage = present(body, "stream_options") ? bool(streamOptions as Json, "include_usage") : false;
   if (present(body, "user") && typeof body.user !== "string") throw invalid("user", "must be a string");
   const topK = num(body, "top_k", 0, -1, 1_000_000, true);
-  const maxTokens = present(body, maxKey) ? num(body, maxKey, 16, 1, 1_000_000, true) : null;
+  const maxTokens = present(body, maxKey) ? num(body, maxKey, 16, 0, 1_000_000, true) : null;
+  if (maxTokens === 0 && !zeroMaxTokens) throw invalid(maxKey, "must be at least 1 (0 is allowed only with echo on /v1/completions)");
   const minTokens = num(body, "min_tokens", 0, 0, 1_000_000, true);
   if (maxTokens !== null && minTokens > maxTokens) throw invalid("min_tokens", `must not exceed ${maxKey} (${maxTokens})`);
   return {
@@ -190,6 +202,7 @@ function common(body: Json, logprobs: number | null): CommonFields {
     minTokens,
     logitBias: logitBias(body),
     structured: parseStructuredOutput(body),
+    promptLogprobs: promptLogprobs(body),
   };
 }
 
@@ -311,5 +324,6 @@ export function parseCompletionRequest(body: Json): CompletionRequest {
   } else throw invalid("prompt", "must be a string, a list of strings, a list of token ids, or a list of such lists");
   if (prompts.some((x) => x.length === 0)) throw invalid("prompt", "must not be empty");
   const logprobs = present(body, "logprobs") ? num(body, "logprobs", 0, 0, MAX_LOGPROBS, true) : null;
-  return { kind: "completion", prompts, echo: bool(body, "echo"), ...common(body, logprobs) };
+  const echo = bool(body, "echo");
+  return { kind: "completion", prompts, echo, ...common(body, logprobs, echo) };
 }
