@@ -1,8 +1,8 @@
 /**
  * Quantized kernels: GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights served as they
  * are, on data and files made by llama.cpp's own quantizer (ggml_quantize_chunk
- * and llama_model_quantize from node-llama-cpp's prebuilt libraries, driven by a
- * small C++ program compiled here).
+ * and llama_model_quantize from node-llama-cpp's prebuilt libraries, through
+ * test/support/ggml.ts).
  *
  * The matmul is probed through a real model: one layer whose matrices are zero,
  * so the logits are exactly output.weight · rmsnorm(embedding row), with the
@@ -13,9 +13,8 @@ import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
-import { GGML_TYPES, type GgmlType } from "../src/model/gguf.js";
+import { type GgmlType } from "../src/model/gguf.js";
 import { dequantize } from "../src/model/gguf-dequant.js";
 import { exportGguf, writeGguf, ALIGN, type Meta } from "../src/model/gguf-export.js";
 import { makeModel } from "../src/model/make-model.js";
@@ -23,65 +22,9 @@ import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { ModelRunner } from "../src/runtime/model-runner.js";
 import { loadNative } from "../src/runtime/native.js";
 import { tempDir } from "./helpers.js";
+import { ggmlQuantize, llamaModelQuantize } from "./support/ggml.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-
-function llamaCppBins(): string {
-  const require = createRequire(import.meta.url);
-  const name = `${process.platform}-${process.arch}`;
-  return path.join(path.dirname(require.resolve(`@node-llama-cpp/${name}`)), "..", "bins", name);
-}
-
-const QUANTIZER_CPP = String.raw`
-#include <dlfcn.h>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <cstdint>
-#include <vector>
-// llama_model_quantize_params begins with nthread and ftype; the rest is kept as the library's defaults.
-struct params { int32_t nthread; int32_t ftype; char rest[248]; };
-static std::vector<char> slurp(const char* f) { FILE* p = fopen(f, "rb"); std::vector<char> b; char c[65536]; size_t n;
-  while ((n = fread(c, 1, sizeof c, p)) > 0) b.insert(b.end(), c, c + n); fclose(p); return b; }
-int main(int argc, char** argv) {
-  void* lib = dlopen(argv[1], RTLD_NOW); if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 2; }
-  if (!strcmp(argv[2], "model")) {  // model LIBLLAMA IN OUT FTYPE
-    auto init = (void (*)()) dlsym(lib, "llama_backend_init");
-    auto defaults = (params (*)()) dlsym(lib, "llama_model_quantize_default_params");
-    auto quantize = (uint32_t (*)(const char*, const char*, const params*)) dlsym(lib, "llama_model_quantize");
-    init(); params p = defaults(); p.nthread = 1; p.ftype = atoi(argv[5]);
-    return quantize(argv[3], argv[4], &p) == 0 ? 0 : 4;
-  }
-  // tensor LIBGGML TYPE N_PER_ROW IN OUT
-  auto quantize = (size_t (*)(int, const float*, void*, int64_t, int64_t, int64_t, const float*)) dlsym(lib, "ggml_quantize_chunk");
-  auto rowSize = (size_t (*)(int, int64_t)) dlsym(lib, "ggml_row_size");
-  int type = atoi(argv[3]); int64_t per = atoll(argv[4]);
-  std::vector<char> in = slurp(argv[5]); int64_t rows = (int64_t)(in.size() / 4) / per;
-  std::vector<char> out(rows * rowSize(type, per));
-  size_t n = quantize(type, (const float*)in.data(), out.data(), 0, rows, per, nullptr);
-  FILE* o = fopen(argv[6], "wb"); fwrite(out.data(), 1, n, o); fclose(o); return 0;
-}
-`;
-
-let quantizer: string | undefined;
-function runQuantizer(lib: string, ...args: string[]): void {
-  if (!quantizer) {
-    const dir = tempDir("weft-quantizer-");
-    fs.writeFileSync(path.join(dir, "q.cpp"), QUANTIZER_CPP);
-    quantizer = path.join(dir, "q");
-    execFileSync("g++", ["-O1", "-o", quantizer, path.join(dir, "q.cpp"), "-ldl"]);
-  }
-  execFileSync(quantizer, [path.join(llamaCppBins(), lib), ...args], { stdio: ["ignore", "ignore", "pipe"] });
-}
-
-/** `x` (rows × perRow) quantized by llama.cpp's ggml_quantize_chunk. */
-function ggmlQuantize(type: GgmlType, x: Float32Array, perRow: number): Uint8Array {
-  const dir = tempDir("weft-quant-");
-  const src = path.join(dir, "x.f32"), out = path.join(dir, "x.q");
-  fs.writeFileSync(src, x);
-  runQuantizer("libggml-base.so", "tensor", String(GGML_TYPES[type].id), String(perRow), src, out);
-  return new Uint8Array(fs.readFileSync(out));
-}
 
 /** Deterministic gaussian-ish values with a few outliers, as weights and activations have. */
 function gaussian(n: number, seed: number, scale = 1): Float32Array {
@@ -229,8 +172,6 @@ for (const [k, type] of QUANT_TYPES.entries()) {
 
 // ---- end to end: llama.cpp-quantized files of a Qwen3 shape, served ----
 
-const LLAMA_FTYPES = { q8_0: 7, q4_k_m: 15 } as const;
-
 let f16File: string | undefined;
 /** The "small" preset (hidden 256: every row a whole number of K-quant blocks) as an F16 GGUF. */
 function smallF16(): string {
@@ -243,9 +184,9 @@ function smallF16(): string {
   return f16File;
 }
 
-function llamaQuantize(ftype: keyof typeof LLAMA_FTYPES): string {
+function llamaQuantize(ftype: "q8_0" | "q4_k_m"): string {
   const out = smallF16().replace(/-f16\.gguf$/, `-${ftype}.gguf`);
-  if (!fs.existsSync(out)) runQuantizer(fs.readdirSync(llamaCppBins()).find((f) => /^libllama\..*so$/.test(f))!, "model", smallF16(), out, String(LLAMA_FTYPES[ftype]));
+  if (!fs.existsSync(out)) llamaModelQuantize(smallF16(), out, ftype);
   return out;
 }
 
