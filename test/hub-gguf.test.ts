@@ -8,7 +8,6 @@ import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
-import http from "node:http";
 import path from "node:path";
 import { Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -18,6 +17,7 @@ import { fileHasTag, pickQuantFile } from "../src/model/hub-gguf.js";
 import { resolveModelSource } from "../src/model/registry.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { completeFixtureModel, tempDir } from "./helpers.js";
+import { fakeHub as serveHub, type FakeHub } from "./support/fake-hub.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const REPO = "weft-test/Tiny-GGUF";
@@ -102,45 +102,8 @@ test("cli: weft generate --model org/repo:QUANT runs the cached file", () => {
   assert.equal(r.finish_reason, "length");
 });
 
-/** The hub's file endpoints for the repo's files: tree listing, paths-info, resolve. */
-function fakeHub(files: Map<string, Buffer>): Promise<{ url: string; requests: string[]; close: () => void }> {
-  const entries = [...files].map(([name, data]) => ({ name, data, oid: createHash("sha256").update(data).digest("hex") }));
-  const requests: string[] = [];
-  const server = http.createServer((req, res) => {
-    requests.push(`${req.method} ${req.url}`);
-    const url = new URL(req.url!, "http://x");
-    const json = (v: unknown): void => { res.setHeader("content-type", "application/json"); res.end(JSON.stringify(v)); };
-    if (url.pathname === `/api/models/${REPO}/tree/main`) return json(entries.map((f) => ({ type: "file", path: f.name, oid: f.oid, size: f.data.length })));
-    if (url.pathname.startsWith(`/api/models/${REPO}/paths-info/`)) {
-      let body = "";
-      req.on("data", (d: Buffer) => (body += d.toString()));
-      req.on("end", () => {
-        const { paths } = JSON.parse(body) as { paths: string[] };
-        json(entries.filter((f) => paths.includes(f.name)).map((f) => ({ type: "file", path: f.name, oid: f.oid, size: f.data.length,
-          lfs: { oid: f.oid, size: f.data.length }, lastCommit: { id: COMMIT, title: "init", date: "2026-01-01T00:00:00Z" } })));
-      });
-      return;
-    }
-    const m = new RegExp(`^/${REPO}/resolve/[^/]+/(.+)$`).exec(url.pathname);
-    const f = m && entries.find((x) => x.name === decodeURIComponent(m[1]!));
-    if (!f) {
-      res.statusCode = 404;
-      res.setHeader("x-error-code", "EntryNotFound");
-      return res.end();
-    }
-    res.setHeader("etag", `"${f.oid}"`);
-    const range = /bytes=(\d+)-(\d*)/.exec(req.headers.range ?? "");
-    if (!range) return res.end(f.data);
-    const start = Number(range[1]), end = range[2] ? Number(range[2]) : f.data.length - 1;
-    res.statusCode = 206;
-    res.setHeader("content-range", `bytes ${start}-${end}/${f.data.length}`);
-    res.end(f.data.subarray(start, end + 1));
-  });
-  return new Promise((resolve) => server.listen(0, "127.0.0.1", () => {
-    const port = (server.address() as { port: number }).port;
-    resolve({ url: `http://127.0.0.1:${port}`, requests, close: () => server.close() });
-  }));
-}
+/** The hub's file endpoints for the repo's files. */
+const fakeHub = (files: Map<string, Buffer>): Promise<FakeHub> => serveHub(REPO, COMMIT, files);
 
 test("download: a tag not in the cache is fetched alone from the hub with progress; a missing tag lists the repo's tags", async () => {
   const hub = await fakeHub(new Map([...repoFiles(), ["README.md", Buffer.from("# tiny")]]));
