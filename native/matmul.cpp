@@ -7,6 +7,24 @@
 
 namespace weft {
 
+namespace {
+
+// Splits `units` (column groups, tiles or panels) into one contiguous run per OpenMP
+// thread and calls run(u0, u1) on each non-empty run: every output element is reduced
+// by one thread in a fixed order, whatever the thread count.
+template <class Run>
+void perThreadRuns(int units, Run run) {
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int u0 = static_cast<int>(static_cast<long>(units) * id / nt);
+    const int u1 = static_cast<int>(static_cast<long>(units) * (id + 1) / nt);
+    if (u0 < u1) run(u0, u1);
+  }
+}
+
+}  // namespace
+
 void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
   if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
   packActivations(x, T, w.K, w.Kp, k.chunk, w.dtype, scratch.data());
@@ -14,16 +32,7 @@ void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix&
 }
 
 void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& w, float* y) {
-  const int groups = w.Np / kPackCols;
-  // Each thread takes a contiguous run of column groups; every output element
-  // is reduced by one thread in a fixed order.
-#pragma omp parallel
-  {
-    int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    int g0 = static_cast<int>(static_cast<long>(groups) * id / nt);
-    int g1 = static_cast<int>(static_cast<long>(groups) * (id + 1) / nt);
-    if (g0 < g1) k.matmul(xp, T, w, y, g0, g1);
-  }
+  perThreadRuns(w.Np / kPackCols, [&](int g0, int g1) { k.matmul(xp, T, w, y, g0, g1); });
 }
 
 void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<uint16_t>& scratch) {
@@ -33,14 +42,7 @@ void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, 
 }
 
 void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y) {
-  const int tiles = w.Np / kTileCols;
-#pragma omp parallel
-  {
-    int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    int g0 = static_cast<int>(static_cast<long>(tiles) * id / nt);
-    int g1 = static_cast<int>(static_cast<long>(tiles) * (id + 1) / nt);
-    if (g0 < g1) k.matmulBf16(xp, T, w, y, g0, g1);
-  }
+  perThreadRuns(w.Np / kTileCols, [&](int g0, int g1) { k.matmulBf16(xp, T, w, y, g0, g1); });
 }
 
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
@@ -57,27 +59,13 @@ void quantizeRows(const Kernels& k, const float* x, int T, int K, std::vector<Qu
 }
 
 void matmulQuantizedRows(const Kernels& k, const QuantActBlock* xq, int T, const PackedMatrix& w, float* y) {
-  const int groups = (w.N + kPackCols - 1) / kPackCols;
-  // As matmulPacked: contiguous runs of columns per thread, each output reduced by one thread.
-#pragma omp parallel
-  {
-    int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    int n0 = static_cast<int>(static_cast<long>(groups) * id / nt) * kPackCols;
-    int n1 = std::min(w.N, static_cast<int>(static_cast<long>(groups) * (id + 1) / nt) * kPackCols);
-    if (n0 < n1) k.matmulQuant(xq, T, w, y, n0, n1);
-  }
+  perThreadRuns((w.N + kPackCols - 1) / kPackCols,
+                [&](int g0, int g1) { k.matmulQuant(xq, T, w, y, g0 * kPackCols, std::min(w.N, g1 * kPackCols)); });
 }
 
 void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
-  const int panels = (w.N + kMlxPanel - 1) / kMlxPanel;
-  // As matmulPacked: contiguous runs of panels per thread, each output reduced by one thread.
-#pragma omp parallel
-  {
-    int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    int n0 = static_cast<int>(static_cast<long>(panels) * id / nt) * kMlxPanel;
-    int n1 = std::min(w.N, static_cast<int>(static_cast<long>(panels) * (id + 1) / nt) * kMlxPanel);
-    if (n0 < n1) k.matmulMlx(x, T, w, y, n0, n1);
-  }
+  perThreadRuns((w.N + kMlxPanel - 1) / kMlxPanel,
+                [&](int p0, int p1) { k.matmulMlx(x, T, w, y, p0 * kMlxPanel, std::min(w.N, p1 * kMlxPanel)); });
 }
 
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out) {
