@@ -40,7 +40,7 @@ export { tokenizerPackageDir };
 
 /** A temp copy of a fixture checkpoint plus its family's tokenizer: a complete model directory. */
 export function completeFixtureModel(model: "tiny-qwen3" | "tiny-llama"): string {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `weft-${model}-`));
+  const dir = tempDir(`weft-${model}-`);
   for (const f of ["config.json", "generation_config.json"]) fs.copyFileSync(path.join(FIXTURES, model, f), path.join(dir, f));
   fs.symlinkSync(path.join(FIXTURES, model, "model.safetensors"), path.join(dir, "model.safetensors"));
   const tokDir = tokenizerPackageDir(model === "tiny-qwen3" ? "qwen3" : "llama2");
@@ -48,8 +48,18 @@ export function completeFixtureModel(model: "tiny-qwen3" | "tiny-llama"): string
   return dir;
 }
 
+/** Each test file runs in its own process; its temp dirs (models, databases, GGUF files) go when it exits. */
+const tempDirs = new Set<string>();
+function removeTempDirs(): void {
+  for (const dir of tempDirs) fs.rmSync(dir, { recursive: true, force: true });
+}
+
+/** A fresh directory under the OS temp dir, removed when the test process exits. */
 export function tempDir(prefix = "weft-test-"): string {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  if (tempDirs.size === 0) process.on("exit", removeTempDirs);
+  tempDirs.add(dir);
+  return dir;
 }
 
 /** An idle engine holds nothing: no requests, every block free (or cached) with no references. */

@@ -134,14 +134,21 @@ test("a multi-MiB prompt is refused within a second while /health and a small re
 
 test("a prompt under the character cap but slow to tokenize runs off the event loop", async () => {
   // Below the cap (so it must be tokenized) and far too many tokens to fit.
-  const engine = (await s.manager.acquire("tiny", "test")).engine;
-  const chars = Math.min((await s.manager.acquire("tiny", "test")).encoder.maxChars - 1, 120_000);
+  const loaded = await s.manager.acquire("tiny", "test");
+  const chars = Math.min(loaded.encoder.maxChars - 1, 120_000);
   const text = Array.from({ length: chars }, (_, i) => String.fromCharCode(0x4e00 + ((i * 7919) % 20000))).join("");
   const { result: res, slowestMs, polls } = await healthDuring(post("/v1/completions", bulk, { model: "tiny", prompt: text, max_tokens: 1 }));
   assert.equal(res.status, 400);
   assert.equal(((await res.json()) as { error: { code: string } }).error.code, "context_length_exceeded");
-  console.log(`${chars} CJK characters tokenized in a worker; ${polls} /health polls, slowest ${slowestMs.toFixed(1)} ms; engine limit ${engine.limits.maxModelLen} tokens`);
-  assert.ok(slowestMs < 100, `/health took ${slowestMs} ms`);
+  // The same work on the event loop, for scale: had the server done it there, one /health would have waited this long.
+  const t = performance.now();
+  loaded.tokenizer!.encode(text);
+  const inlineMs = performance.now() - t;
+  console.log(`${chars} CJK characters tokenized in a worker; ${polls} /health polls, slowest ${slowestMs.toFixed(1)} ms; inline it takes ${inlineMs.toFixed(0)} ms; engine limit ${loaded.engine.limits.maxModelLen} tokens`);
+  // A bound relative to the inline time: a garbage-collection pause of the test process (it shares the server's
+  // heap) can reach 100+ ms on a loaded CI host, but never a quarter of the tokenization itself.
+  assert.ok(slowestMs < inlineMs / 4, `/health took ${slowestMs} ms, the tokenization inline ${inlineMs} ms`);
+  assert.ok(polls >= 8, `${polls} polls: the tokenization is long enough to observe`);
 });
 
 test("a HIGH (and a NORMAL) request is served during a LOW batch flood that fills the LOW share", async () => {
