@@ -327,7 +327,9 @@ test("fair share weighs tokens: a tenant served much waits behind one served lit
 
 test("a step that computes a better-priority request's first token leaves out the worse rows it runs before; aged rows stay", () => {
   const clock = { t: 0 };
-  const s = new Scheduler({ ...CONFIG, maxNumSeqs: 8, maxNumBatchedTokens: 1000 }, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => clock.t);
+  // This rule alone: no LOW row cap while the NORMAL request runs (tested below).
+  const cfg = { ...CONFIG, maxNumSeqs: 8, maxNumBatchedTokens: 1000, lowPriorityRowsWhileInteractive: 0 };
+  const s = new Scheduler(cfg, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => clock.t);
   let seq = 0;
   const add = (id: string, p: Priority): Request => {
     const r = new Request(id, [1, 2, 3], greedy(50), p, "t", "t", clock.t, seq++);
@@ -369,6 +371,36 @@ test("LOW-priority prefill is capped per step (--low-priority-prefill-tokens); d
   add("n", Priority.NORMAL);
   assert.deepEqual(run(), { n: 40 }, "a NORMAL prompt is not capped (its first token's step leaves the LOW rows out)");
   assert.deepEqual(run(), { a: 1, b: 1, n: 1 });
+});
+
+test("while HIGH/NORMAL work is about, LOW rows per step are capped, oldest first; the cap lifts after the window (--low-priority-rows-while-interactive)", () => {
+  const clock = { t: 0 };
+  const cfg = { ...CONFIG, maxNumSeqs: 8, maxNumBatchedTokens: 1000, lowPriorityRowsWhileInteractive: 2, interactiveWindowMs: 1000 };
+  const s = new Scheduler(cfg, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => clock.t);
+  let seq = 0;
+  const add = (id: string, p: Priority, tokens = 50): void => s.add(new Request(id, [seq * 10 + 1, seq * 10 + 2], greedy(tokens), p, "t", "t", clock.t, seq++));
+  const run = (): string[] => {
+    const out = s.schedule();
+    s.update(out, out.map((x) => (x.sample ? 7 : null)));
+    return out.map((x) => x.request.id).sort();
+  };
+  for (const id of ["l1", "l2", "l3", "l4"]) add(id, Priority.LOW);
+  assert.deepEqual(run(), ["l1", "l2", "l3", "l4"], "no interactive work: every LOW row runs");
+  add("n", Priority.NORMAL, 3);
+  assert.deepEqual(run(), ["n"], "the NORMAL first token's step leaves the LOW rows out");
+  assert.deepEqual(run(), ["l1", "l2", "n"], "while it runs, two LOW rows per step, the oldest");
+  assert.deepEqual(run(), ["l1", "l2", "n"]);
+  clock.t += 0.5;
+  assert.deepEqual(run(), ["l1", "l2"], "within the window after it ends, still two");
+  clock.t += 0.6;
+  assert.deepEqual(run(), ["l1", "l2", "l3", "l4"], "after the window, every LOW row again");
+  const off = new Scheduler({ ...cfg, lowPriorityRowsWhileInteractive: 0 }, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => 0);
+  for (const [id, p] of [["a", Priority.LOW], ["b", Priority.LOW], ["c", Priority.LOW], ["h", Priority.HIGH]] as const) {
+    off.add(new Request(id, [seq, seq + 1], greedy(9), p, "t", "t", 0, seq++));
+  }
+  const first = off.schedule();
+  off.update(first, first.map(() => 7));
+  assert.equal(off.schedule().length, 4, "0 turns the cap off");
 });
 
 test("a full batch yields a slot to a waiting request of better priority; the preempted one completes later, unchanged", async () => {

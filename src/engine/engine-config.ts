@@ -25,6 +25,16 @@ export interface EngineConfig {
    * long prefill chunk; decode rows are not capped, so batch throughput barely changes.
    */
   lowPriorityPrefillTokens: number;
+  /**
+   * LOW-priority rows per step while interactive (HIGH/NORMAL) work is about: running, waiting,
+   * or finished less than interactiveWindowMs ago (0: no cap). 2: on a CPU a step's length grows
+   * with its rows, and a newcomer's first token waits for the step in flight; a few batch rows
+   * cost little more than the weights' one read, so interactive TTFT stays near its idle value
+   * while the batch still moves (the oldest running lines first).
+   */
+  lowPriorityRowsWhileInteractive: number;
+  /** How long after interactive work the LOW row cap stays on: a chat's next turn comes within seconds. */
+  interactiveWindowMs: number;
   enablePrefixCaching: boolean;
   /** Priority gained per second of waiting. */
   agingRate: number;
@@ -62,6 +72,8 @@ export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
   maxNumSeqs: 32,
   maxNumBatchedTokens: 256,
   lowPriorityPrefillTokens: 32,
+  lowPriorityRowsWhileInteractive: 2,
+  interactiveWindowMs: 2000,
   enablePrefixCaching: true,
   agingRate: 0.1,
   fairShare: true,
@@ -103,6 +115,8 @@ export const ENGINE_FLAGS: readonly EngineFlag[] = [
   { key: "maxNumSeqs", flag: "--max-num-seqs <n>", description: "sequences per step", kind: "int", min: 1 },
   { key: "maxNumBatchedTokens", flag: "--max-num-batched-tokens <n>", description: "tokens per step", kind: "int", min: 1 },
   { key: "lowPriorityPrefillTokens", flag: "--low-priority-prefill-tokens <n>", description: "prompt tokens per step for LOW-priority (batch) requests together", kind: "int", min: 1 },
+  { key: "lowPriorityRowsWhileInteractive", flag: "--low-priority-rows-while-interactive <n>", description: "LOW-priority (batch) rows per step while HIGH/NORMAL work is about (0: no cap)", kind: "int", min: 0 },
+  { key: "interactiveWindowMs", flag: "--interactive-window-ms <ms>", description: "how long after HIGH/NORMAL work the LOW row cap stays on", kind: "int", min: 0 },
   { key: "enablePrefixCaching", flag: "--no-enable-prefix-caching", description: "turn prefix caching off", kind: "negatable" },
   { key: "agingRate", flag: "--priority-aging-rate <r>", description: "priority gained per second of waiting", kind: "number" },
   { key: "fairShare", flag: "--no-fair-share", description: "turn fair share between tenants of one tier off (first come, first served by aging key)", kind: "negatable" },

@@ -4,9 +4,10 @@
  * Running requests go first (one token each, or their next prefill chunk);
  * then waiting requests by effective priority while budget and blocks allow;
  * a full batch yields a slot to a waiting request of better base priority
- * that is also ahead in aging order; and a step that computes such a
+ * that is also ahead in aging order; a step that computes such a
  * request's first token leaves out the rows it runs before, so that token
- * comes from a short step.
+ * comes from a short step; and while interactive work is about, few LOW rows
+ * run per step, so the step in flight when a newcomer arrives is short.
  */
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
 import type { EngineConfig, ModelLimits } from "./engine-config.js";
@@ -30,6 +31,8 @@ export class Scheduler {
   readonly waiting: RequestQueue<Request>;
   running: Request[] = [];
   readonly counters: SchedulerCounters = { preemptions: 0, agingPromotions: 0 };
+  /** When HIGH/NORMAL work was last seen running or waiting (seconds, as now()). */
+  private lastInteractive = Number.NEGATIVE_INFINITY;
 
   constructor(
     readonly config: EngineConfig,
@@ -52,10 +55,12 @@ export class Scheduler {
     const out: ScheduledRequest[] = [];
     let budget = this.config.maxNumBatchedTokens;
     let lowPrefill = this.config.lowPriorityPrefillTokens;
+    let lowRows = this.lowRowCap();
     let preempted = false;
     for (const r of [...this.running]) {
       if (budget === 0) break;
       if (r.status !== RequestStatus.RUNNING) continue; // preempted earlier in this loop
+      if (r.priority === Priority.LOW && lowRows-- <= 0) continue; // keeps its blocks; runs once the cap allows
       const n = this.lowPrefillCap(r, Math.min(r.numTokens - r.numComputedTokens, budget), lowPrefill);
       if (n === 0) continue;
       while (!this.kv.allocateSlots(r, n)) {
@@ -75,6 +80,8 @@ export class Scheduler {
     while (!preempted && budget > 0) {
       const r = this.waiting.peek();
       if (!r) break;
+      // Past the LOW row cap a LOW head waits, unless interactive work waits behind it (it aged ahead of them).
+      if (r.priority === Priority.LOW && lowRows <= 0 && !this.interactiveWaiting()) break;
       if (this.running.length >= this.config.maxNumSeqs) {
         const freed = this.yieldSlot(r, out);
         if (freed === null) break;
@@ -94,9 +101,27 @@ export class Scheduler {
       this.running.push(r);
       out.push({ request: r, numTokens: n, sample: cached.numTokens + n === r.numTokens });
       budget -= n;
+      if (r.priority === Priority.LOW) lowRows--;
       if (n > 1 && r.priority === Priority.LOW) lowPrefill -= n;
     }
     return this.deferBehindFirstTokens(out);
+  }
+
+  /**
+   * LOW rows this step: all of them, unless HIGH/NORMAL work is running or waiting, or was within
+   * the interactive window; then --low-priority-rows-while-interactive, taken oldest first (running
+   * order is admission order), newly admitted LOW rows included. The capped rows keep their blocks,
+   * and the batch keeps moving.
+   */
+  private lowRowCap(): number {
+    const now = this.now();
+    if (this.running.some((r) => r.priority < Priority.LOW) || this.interactiveWaiting()) this.lastInteractive = now;
+    const cap = this.config.lowPriorityRowsWhileInteractive;
+    return cap > 0 && (now - this.lastInteractive) * 1000 < this.config.interactiveWindowMs ? cap : Number.POSITIVE_INFINITY; // now() is in seconds
+  }
+
+  private interactiveWaiting(): boolean {
+    return (this.waiting.bestBasePriority() ?? Priority.LOW) < Priority.LOW;
   }
 
   /**
