@@ -129,8 +129,20 @@ struct Panel {
   float* m;
 };
 
+// How many panels ahead the weight rows are prefetched into L2. A panel's rows are short
+// streams (a 1024-wide Q8_0 row is 17 cache lines), too short for the hardware prefetcher to
+// ramp up on, so without this every panel starts cold: one sequence's Q8_0 matmul streamed
+// 14 GB/s on the AMX development host, and 22–25 GB/s with it (2 threads).
+constexpr int kPrefetchPanels = 2;
+
+// Asks for [p, p + bytes) into L2; a prefetch past the mapping is dropped, never a fault.
+inline void prefetchL2(const uint8_t* p, size_t bytes) {
+  for (size_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at), _MM_HINT_T1);
+}
+
 void unpackPanel(DType d, const uint8_t* src, size_t rowBytes, int K, int cols, const Panel& p) {
   const int nb = K / kQBlock;
+  prefetchL2(src + rowBytes * kQPanel * kPrefetchPanels, rowBytes * kQPanel);
   for (int c = 0; c < kQPanel; c++) {
     const UnpackedRow r{p.q + 32 * c, p.dv + 8 * c, p.m + c, kQPanel};
     if (c < cols) {
@@ -201,6 +213,7 @@ struct PanelSource {
     *dv = loadDv(p.dv + 8 * (kQPanel * b + kColsPerVec * v));
   }
   __m128 mins(int b) const { return _mm_loadu_ps(p.m + kQPanel * b); }
+  void prefetch(int) const {}  // unpackPanel asked for the rows ahead
 };
 
 // Q8_0 read in place (34-byte blocks: f16 scale, 32 int8), for steps of at most
@@ -224,6 +237,11 @@ struct Q8Source {
 #endif
   }
   __m128 mins(int) const { return _mm_setzero_ps(); }
+  // Block b of the rows kPrefetchPanels panels ahead (see kPrefetchPanels).
+  void prefetch(int b) const {
+    const uint8_t* ahead = rows + rowBytes * kQPanel * kPrefetchPanels + 34 * static_cast<size_t>(b);
+    for (int i = 0; i < kQPanel; i++) _mm_prefetch(reinterpret_cast<const char*>(ahead + rowBytes * i), _MM_HINT_T1);
+  }
 };
 
 // y[r, c] for R activation rows (x: row r's blocks at x + r·nb) × the panel's
@@ -241,6 +259,7 @@ void tile(const Source& p, const QuantActBlock* x, int nb, float* y, int N, int 
     VI w[kVecs];
     VF dv[kVecs];
     for (int v = 0; v < kVecs; v++) p.block(b, v, &w[v], &dv[v]);
+    p.prefetch(b);
     const __m128 m = Mins ? p.mins(b) : _mm_setzero_ps();
     for (int r = 0; r < R; r++) {
       const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
