@@ -374,16 +374,10 @@ test("served: weft serve's model loads, /v1/models shows the quantization, greed
   fs.copyFileSync(path.join(MLX_DIR, "config.json"), path.join(dir, "config.json"));
   fs.symlinkSync(path.join(MLX_DIR, "model.safetensors"), path.join(dir, "model.safetensors"));
   for (const f of ["tokenizer.json", "tokenizer_config.json"]) fs.copyFileSync(path.join(tokenizerPackageDir("qwen3"), f), path.join(dir, f));
-  const { startServer } = await import("./support/server.js");
+  const { startServer, greedyCompletion } = await import("./support/server.js");
   const s = await startServer({ models: { mlx: dir } });
   try {
-    const ask = async (): Promise<{ text: string; tokens: number }> => {
-      const res = await fetch(`${s.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: "mlx", prompt: "The history of", max_tokens: 8, temperature: 0, ignore_eos: true }) });
-      assert.equal(res.status, 200);
-      const j = (await res.json()) as { choices: { text: string }[]; usage: { completion_tokens: number } };
-      return { text: j.choices[0]!.text, tokens: j.usage.completion_tokens };
-    };
+    const ask = (): ReturnType<typeof greedyCompletion> => greedyCompletion(s.url, "mlx", 8);
     const a = await ask();
     assert.equal(a.tokens, 8);
     assert.deepEqual(await ask(), a);

@@ -224,16 +224,10 @@ for (const ftype of ["q8_0", "q4_k_m"] as const) {
     // other CPUs' kernel sets while still refusing a matmul that is off by more than quantization noise.
     assert.ok(worst < (ftype === "q8_0" ? 0.05 : 0.3), `${ftype}: logits moved ${worst} × their RMS from F16's`);
 
-    const { startServer } = await import("./support/server.js");
+    const { startServer, greedyCompletion } = await import("./support/server.js");
     const s = await startServer({ models: { q: file } });
     try {
-      const ask = async (): Promise<{ text: string; tokens: number }> => {
-        const res = await fetch(`${s.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" },
-          body: JSON.stringify({ model: "q", prompt: "The history of", max_tokens: 12, temperature: 0, ignore_eos: true }) });
-        assert.equal(res.status, 200);
-        const j = (await res.json()) as { choices: { text: string }[]; usage: { completion_tokens: number } };
-        return { text: j.choices[0]!.text, tokens: j.usage.completion_tokens };
-      };
+      const ask = (): ReturnType<typeof greedyCompletion> => greedyCompletion(s.url, "q", 12);
       const a = await ask(), b = await ask();
       assert.equal(a.tokens, 12);
       assert.ok(a.text.length > 0);

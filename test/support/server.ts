@@ -1,4 +1,5 @@
 /** Starts the real HTTP server in-process on a loopback port, with the tiny-qwen3 fixture and a real database. */
+import assert from "node:assert/strict";
 import path from "node:path";
 import { Writable } from "node:stream";
 import { pino } from "pino";
@@ -90,4 +91,13 @@ export async function metric(url: string, name: string): Promise<number> {
   const line = text.split("\n").find((l) => l.startsWith(name + "{") || l.startsWith(name + " "));
   if (!line) throw new Error(`metric ${name} not found`);
   return Number(line.split(" ").at(-1));
+}
+
+/** One greedy completion of "The history of" from a served model: its text and completion token count. */
+export async function greedyCompletion(url: string, model: string, maxTokens: number): Promise<{ text: string; tokens: number }> {
+  const res = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model, prompt: "The history of", max_tokens: maxTokens, temperature: 0, ignore_eos: true }) });
+  assert.equal(res.status, 200);
+  const j = (await res.json()) as { choices: { text: string }[]; usage: { completion_tokens: number } };
+  return { text: j.choices[0]!.text, tokens: j.usage.completion_tokens };
 }
