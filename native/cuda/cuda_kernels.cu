@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace weft::cuda {
 namespace {
@@ -31,6 +32,21 @@ __device__ float blockSum(float v) {
   return r;
 }
 
+// Hopper's programmatic dependent launch (PDL). A kernel launched with it may be scheduled while the
+// kernel before it still runs, once that one has allowed dependents; it must wait for it (its whole
+// grid finished, its writes visible) before reading or writing anything the step computes. Compiled
+// for sm_90 and later only: elsewhere both are no-ops and such kernels are launched without PDL.
+__device__ __forceinline__ void allowDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void awaitPrerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <class E> __device__ __forceinline__ float load(const E* p);
 template <> __device__ __forceinline__ float load<float>(const float* p) { return *p; }
 template <> __device__ __forceinline__ float load<bf16>(const bf16* p) { return __bfloat162float(*p); }
@@ -50,6 +66,7 @@ __global__ void embedKernel(const int32_t* tokens, const bf16* table, int hidden
 }
 
 __global__ void rmsnormKernel(const float* x, const int32_t* rows, int n, const float* weight, float eps, bf16* out) {
+  allowDependents();  // the GEMV after it may start loading its weights
   const int row = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + static_cast<size_t>(row) * n;
   float ss = 0.0f;
@@ -108,6 +125,7 @@ constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are 
 // dimensions lane, lane + 32, ... (DPL of them). Online softmax in fp32, merged across warps at the end.
 template <class E, int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
+  allowDependents();  // the output projection may start loading its weights
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hd = a.hd, kvh = h / (a.heads / a.kvHeads);
   const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
@@ -223,7 +241,72 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) skinnyKernel(const bf16* x,
   }
 }
 
+// One row (a decode step of one sequence, K = 256·L): the skinny kernel's arithmetic in the same order,
+// so the same bits, but each lane loads all L of its weight chunks before it waits for the kernel that
+// wrote x (PDL): the weights stream while that kernel finishes, instead of after a launch gap.
+template <int L>
+__global__ void __launch_bounds__(kSkinnyWarps * 32) gemvKernel(const bf16* x, const bf16* w, int N, int K, float* y, float beta) {
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5);
+  uint4 wv[L];
+  if (n < N) {
+    const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n) * K);
+#pragma unroll
+    for (int i = 0; i < L; i++) wv[i] = __ldg(wr + lane + 32 * i);
+  }
+  awaitPrerequisites();
+  if (n >= N) return;  // whole warps only
+  const uint4* xr = reinterpret_cast<const uint4*>(x);  // plain loads: x was written after this kernel started
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < L; i++) {
+    const uint4 xv = xr[lane + 32 * i];
+    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[i]);
+    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float2 xf = __bfloat1622float2(xp[j]), wf = __bfloat1622float2(wp[j]);
+      acc = fmaf(xf.x, wf.x, acc);
+      acc = fmaf(xf.y, wf.y, acc);
+    }
+  }
+  const float v = warpSum(acc);
+  if (lane == 0) y[n] = beta == 0.0f ? v : v + beta * y[n];
+}
+
+constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
+using GemvKernel = void (*)(const bf16*, const bf16*, int, int, float*, float);
+template <int... Ls>
+constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {
+  GemvKernel k = nullptr;
+  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1> : k), ...);
+  return k;
+}
+
+// One row, K = 256·L: with PDL where the kernel was compiled for a GPU that has it (binaryVersion >= 90).
+bool gemv(const bf16* x, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
+  const GemvKernel kernel = gemvFor(K / 256, std::make_integer_sequence<int, kGemvMaxChunks>{});
+  static const bool pdl = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, gemvKernel<1>) == cudaSuccess && attr.binaryVersion >= 90;
+  }();
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3((N + kSkinnyWarps - 1) / kSkinnyWarps);
+  cfg.blockDim = dim3(kSkinnyWarps * 32);
+  cfg.stream = s;
+  cfg.attrs = attrs;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, x, w, N, K, y, beta);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel gemv: ") + cudaGetErrorString(e));
+  return true;
+}
+
 __global__ void siluMulKernel(const float* gu, int I, bf16* out) {
+  allowDependents();  // the down projection may start loading its weights
   const float* g = gu + static_cast<size_t>(blockIdx.x) * 2 * I;
   bf16* o = out + static_cast<size_t>(blockIdx.x) * I;
   for (int i = threadIdx.x; i < I; i += blockDim.x) {
@@ -334,6 +417,7 @@ void pagedAttention(const AttentionArgs& a, cudaStream_t s) {
 
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1..8 and K a multiple of 8");
+  if (T == 1 && gemv(x, w, N, K, y, beta, s)) return;
   const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
   if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   else if (T <= 2) skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
