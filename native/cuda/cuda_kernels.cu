@@ -305,63 +305,77 @@ bool gemv(const bf16* x, const bf16* w, int N, int K, float* y, float beta, cuda
   return true;
 }
 
+// Block (row, slice of 256): one element per thread, so one row spreads over I / 256 blocks.
 __global__ void siluMulKernel(const float* gu, int I, bf16* out) {
   allowDependents();  // the down projection may start loading its weights
+  const int i = blockIdx.y * blockDim.x + threadIdx.x;
+  if (i >= I) return;
   const float* g = gu + static_cast<size_t>(blockIdx.x) * 2 * I;
-  bf16* o = out + static_cast<size_t>(blockIdx.x) * I;
-  for (int i = threadIdx.x; i < I; i += blockDim.x) {
-    const float x = g[i];
-    o[i] = __float2bfloat16_rn(x / (1.0f + expf(-x)) * g[I + i]);
+  const float x = g[i];
+  out[static_cast<size_t>(blockIdx.x) * I + i] = __float2bfloat16_rn(x / (1.0f + expf(-x)) * g[I + i]);
+}
+
+// Max with the lowest index on ties.
+__device__ __forceinline__ void argmaxInto(float& best, int& arg, float v, int i) {
+  if (v > best || (v == best && i < arg)) {
+    best = v;
+    arg = i;
   }
 }
 
-__global__ void greedyKernel(const float* logits, int vocab, Greedy* out) {
-  const float* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
+// Greedy in two passes, so one row spreads over kGreedyChunks blocks (one block over a 150k vocabulary
+// took 100 µs). Pass 1, block (chunk, row): the chunk's max, its lowest index, whether it is all
+// finite, and the sum of exp(x − max) over the chunk.
+__global__ void greedyPartKernel(const float* logits, int vocab, GreedyPart* parts) {
+  const int chunk = blockIdx.x, r = blockIdx.y;
+  const int len = (vocab + kGreedyChunks - 1) / kGreedyChunks;
+  const int begin = chunk * len, end = min(vocab, begin + len);
+  const float* row = logits + static_cast<size_t>(r) * vocab;
   float best = -INFINITY;
   int arg = vocab;
   int finite = 1;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float x = row[i];
     if (!isfinite(x)) finite = 0;
-    if (x > best) {  // strided from low to high: the first maximum within a thread is its lowest index
-      best = x;
-      arg = i;
-    }
+    argmaxInto(best, arg, x, i);
   }
+  for (int o = 16; o > 0; o >>= 1) argmaxInto(best, arg, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, arg, o));
   __shared__ float bv[32];
   __shared__ int bi[32];
-  __shared__ float M;
-  __shared__ int A;
-  // Max with the lowest index on ties: within the warp, then across warps.
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, arg, o);
-    if (ov > best || (ov == best && oi < arg)) {
-      best = ov;
-      arg = oi;
-    }
-  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (lane == 0) {
     bv[warp] = best;
     bi[warp] = arg;
   }
   finite = __syncthreads_and(finite);
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < warps; w++)
-      if (bv[w] > bv[0] || (bv[w] == bv[0] && bi[w] < bi[0])) {
-        bv[0] = bv[w];
-        bi[0] = bi[w];
-      }
-    M = bv[0];
-    A = bi[0];
-  }
-  __syncthreads();
+  best = bv[0];
+  arg = bi[0];
+  for (int w = 1; w < warps; w++) argmaxInto(best, arg, bv[w], bi[w]);
   float sum = 0.0f;
-  if (finite)
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(row[i] - M);
+  if (finite && best > -INFINITY)
+    for (int i = begin + threadIdx.x; i < end; i += blockDim.x) sum += expf(row[i] - best);
   sum = blockSum(sum);
-  if (threadIdx.x == 0) out[blockIdx.x] = {A, finite ? row[A] - (M + logf(sum)) : 0.0f, finite};
+  if (threadIdx.x == 0) parts[static_cast<size_t>(r) * kGreedyChunks + chunk] = {best, arg, sum, finite};
+}
+
+// Pass 2, one warp per row: merges the chunks into the row's argmax and its log-probability.
+__global__ void greedyMergeKernel(const float* logits, int vocab, const GreedyPart* parts, Greedy* out) {
+  const int r = blockIdx.x, lane = threadIdx.x;
+  const GreedyPart* p = parts + static_cast<size_t>(r) * kGreedyChunks;
+  float best = -INFINITY;
+  int arg = vocab;
+  int finite = 1;
+  for (int c = lane; c < kGreedyChunks; c += 32) {
+    finite &= p[c].finite;
+    argmaxInto(best, arg, p[c].max, p[c].arg);
+  }
+  for (int o = 16; o > 0; o >>= 1) argmaxInto(best, arg, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, arg, o));
+  finite = __all_sync(0xffffffffu, finite);
+  float sum = 0.0f;
+  for (int c = lane; c < kGreedyChunks; c += 32)
+    if (p[c].sum > 0.0f) sum += p[c].sum * expf(p[c].max - best);
+  sum = warpSum(sum);
+  if (lane == 0) out[r] = {arg, finite ? logits[static_cast<size_t>(r) * vocab + arg] - (best + logf(sum)) : 0.0f, finite};
 }
 
 void launched(const char* what) {
@@ -427,13 +441,14 @@ void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, flo
 }
 
 void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s) {
-  siluMulKernel<<<T, 256, 0, s>>>(gu, I, out);
+  siluMulKernel<<<dim3(T, (I + 255) / 256), 256, 0, s>>>(gu, I, out);
   launched("siluMul");
 }
 
-void greedy(const float* logits, int S, int vocab, Greedy* out, cudaStream_t s) {
+void greedy(const float* logits, int S, int vocab, GreedyPart* parts, Greedy* out, cudaStream_t s) {
   if (S == 0) return;
-  greedyKernel<<<S, 1024, 0, s>>>(logits, vocab, out);
+  greedyPartKernel<<<dim3(kGreedyChunks, S), 256, 0, s>>>(logits, vocab, parts);
+  greedyMergeKernel<<<S, 32, 0, s>>>(logits, vocab, parts, out);
   launched("greedy");
 }
 

@@ -63,6 +63,14 @@ struct Greedy {
   float logprob;
   int32_t finite;
 };
-void greedy(const float* logits, int S, int vocab, Greedy* out, cudaStream_t s);
+// Each row spreads over kGreedyChunks blocks; parts is their scratch, S × kGreedyChunks.
+constexpr int kGreedyChunks = 64;
+struct GreedyPart {
+  float max;
+  int32_t arg;
+  float sum;
+  int32_t finite;
+};
+void greedy(const float* logits, int S, int vocab, GreedyPart* parts, Greedy* out, cudaStream_t s);
 
 }  // namespace weft::cuda

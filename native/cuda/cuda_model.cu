@@ -276,6 +276,7 @@ class CudaModel : public Backend {
       moved |= rows_.grow(static_cast<size_t>(S) * H, "activations");
       moved |= logits_.grow(static_cast<size_t>(S) * cfg_.vocab, "logits");
       moved |= greedy_.grow(S, "greedy");
+      moved |= greedyParts_.grow(static_cast<size_t>(S) * cuda::kGreedyChunks, "greedy");
     }
     if (moved) dropGraphs();
   }
@@ -373,7 +374,7 @@ class CudaModel : public Backend {
     if (S == 0) return;
     cuda::rmsnormToBf16(x_.get(), sampleRows_, H, finalNorm_.get(), cfg_.rmsEps, S, rows_.get(), stream_);
     timed(&Profile::lmHead, [&] { gemm(rows_.get(), S, tied_ ? embed_.get() : lmHead_.get(), cfg_.vocab, H, logits_.get(), 0.0f); });
-    timed(&Profile::sampling, [&] { cuda::greedy(logits_.get(), S, cfg_.vocab, greedy_.get(), stream_); });
+    timed(&Profile::sampling, [&] { cuda::greedy(logits_.get(), S, cfg_.vocab, greedyParts_.get(), greedy_.get(), stream_); });
   }
 
   // Greedy rows take the GPU's argmax; the others (and every row when logits are asked for)
@@ -470,6 +471,7 @@ class CudaModel : public Backend {
   DeviceArray<float> x_, qkv_, gu_, logits_;
   DeviceArray<bf16> xn_, rows_;
   DeviceArray<cuda::Greedy> greedy_;
+  DeviceArray<cuda::GreedyPart> greedyParts_;
 };
 
 }  // namespace
