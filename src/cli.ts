@@ -237,6 +237,7 @@ bench
   .option("--api-key <key>", "bearer key")
   .option("--lines <n>", "lines in the batch", intArg("--lines", 1), 500)
   .option("--probes <n>", "streamed interactive requests per phase", intArg("--probes", 1), 16)
+  .option("--probe-gap-ms <ms>", "each probe waits a random 0..ms before it is sent (0: back to back)", intArg("--probe-gap-ms", 0), 250)
   .option("--output-len <n>", "tokens per request", intArg("--output-len", 1), 32)
   .option("--json <file>", "write the results as JSON")
   .action(async (o: BatchBenchOptions) => void (await batchBench(o)));

@@ -354,6 +354,25 @@ test("a step that computes a better-priority request's first token leaves out th
   assert.deepEqual(run(), ["aged", "low", "low2", "normal"], "a first token of the worst priority defers nobody");
 });
 
+test("a first token's step leaves out a worse prompt chunk that aged ahead, once only", () => {
+  const clock = { t: 0 };
+  const cfg = { ...CONFIG, maxNumSeqs: 8, maxNumBatchedTokens: 1000, lowPriorityRowsWhileInteractive: 0 };
+  const s = new Scheduler(cfg, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => clock.t);
+  let seq = 0;
+  const add = (id: string, p: Priority): void => s.add(new Request(id, range(8, 100 * seq), greedy(50), p, "t", "t", clock.t, seq++));
+  const run = (): Record<string, number> => {
+    const out = s.schedule();
+    s.update(out, out.map((x) => (x.sample ? 7 : null)));
+    return Object.fromEntries(out.map((x) => [x.request.id, x.numTokens]));
+  };
+  add("aged", Priority.LOW); // queued 20 s before the NORMAL requests: ahead of them in aging order
+  clock.t = 20;
+  add("n1", Priority.NORMAL);
+  assert.deepEqual(run(), { n1: 8 }, "the aged LOW prompt is admitted first but left out of n1's first-token step");
+  add("n2", Priority.NORMAL);
+  assert.deepEqual(run(), { aged: 8, n1: 1, n2: 8 }, "left out once only: it computes its prompt beside n2's");
+});
+
 test("LOW-priority prefill is capped per step (--low-priority-prefill-tokens); decode tokens and other tiers are not", () => {
   const s = new Scheduler({ ...CONFIG, maxNumSeqs: 8, maxNumBatchedTokens: 1000, lowPriorityPrefillTokens: 32 }, { ...LIMITS, numBlocks: 4096 }, new KvCacheManager(4096, 4), () => 0);
   let seq = 0;

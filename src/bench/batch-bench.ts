@@ -3,12 +3,17 @@
  * the TTFT of streamed NORMAL completions on an idle server, then again while
  * a batch of `lines` completions (LOW priority) is in progress, and reports
  * the ratio. Against any server with OpenAI's Files and Batches APIs.
+ *
+ * Each probe waits a seeded random gap of 0 to `probeGapMs` before it is sent.
+ * Sent back to back instead, every probe would arrive just after the engine
+ * started a step (the previous probe's last token ends a step), so each would
+ * wait out a whole batch step; users' requests arrive at random points of a step.
  */
 import fs from "node:fs";
 import { machineInfo } from "./machine.js";
 import { streamOne, type ServeBenchOptions } from "./serve-bench.js";
 import { percentile, table } from "./stats.js";
-import { BUILTIN_PROMPTS } from "./workload.js";
+import { BUILTIN_PROMPTS, rng } from "./workload.js";
 
 export interface BatchBenchOptions {
   baseUrl: string;
@@ -18,6 +23,8 @@ export interface BatchBenchOptions {
   lines: number;
   /** Streamed interactive requests per phase, one after another. */
   probes: number;
+  /** The most a probe waits before it is sent (a seeded uniform draw; 0: back to back). */
+  probeGapMs: number;
   outputLen: number;
   json?: string;
 }
@@ -33,7 +40,9 @@ interface Phase {
 async function probe(o: BatchBenchOptions, phase: string): Promise<Phase> {
   const serve: ServeBenchOptions = { ...o, concurrency: [1], numPrompts: o.probes };
   const ttfts: number[] = [];
+  const gap = rng(7);
   for (let i = 0; i < o.probes; i++) {
+    await new Promise((r) => setTimeout(r, gap() * o.probeGapMs));
     const t = await streamOne(serve, BUILTIN_PROMPTS[i % BUILTIN_PROMPTS.length]!);
     if (t.tokenTimes[0] !== undefined) ttfts.push((t.tokenTimes[0] - t.sent) * 1000);
   }
@@ -86,7 +95,7 @@ export async function batchBench(o: BatchBenchOptions): Promise<Phase[]> {
   if (o.json) {
     fs.writeFileSync(o.json, JSON.stringify({
       machine: machineInfo(), base_url: o.baseUrl, model: o.model,
-      workload: { batch_lines: o.lines, probes: o.probes, output_len: o.outputLen }, phases, ttft_p50_ratio: ratio, batch_counts_at_end: counts,
+      workload: { batch_lines: o.lines, probes: o.probes, probe_gap_ms: o.probeGapMs, output_len: o.outputLen }, phases, ttft_p50_ratio: ratio, batch_counts_at_end: counts,
     }, null, 2));
   }
   return phases;

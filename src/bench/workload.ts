@@ -30,7 +30,8 @@ export const BUILTIN_PROMPTS = [
   "Write the opening paragraph of a mystery novel set in a lighthouse during a winter storm, introducing the keeper, a stranger at the door, and a missing logbook.",
 ];
 
-function rng(seed: number): () => number {
+/** A seeded xorshift generator of numbers in [0, 1): the same workload on every run. */
+export function rng(seed: number): () => number {
   let s = seed >>> 0 || 1;
   return () => {
     s ^= s << 13;

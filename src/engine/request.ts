@@ -68,6 +68,8 @@ export class Request {
   firstTokenTime: number | null = null;
   lastTokenTime: number | null = null;
   scheduledTime: number | null = null;
+  /** Its prompt chunk was left out of a step that computed a better request's first token (once only). */
+  promptDeferred = false;
   /** Set with FINISHED_STOPPED by whoever decided the stop (the scheduler, or the engine for stop strings). */
   stopReason: StopReason | null = null;
   error: string | null = null;

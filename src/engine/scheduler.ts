@@ -141,13 +141,21 @@ export class Scheduler {
    * one short prefill), and TTFT is what interactive users feel. The rows left
    * out keep their blocks and run at the next step; aging bounds how long a row
    * can be left out, since an old enough request is ahead of any newcomer.
+   * A worse row's prompt chunk that aged ahead is left out too, once: computing
+   * prompt tokens costs far more than one decode token, and the next step takes it.
    */
   private deferBehindFirstTokens(out: ScheduledRequest[]): ScheduledRequest[] {
     const firsts = out.filter((s) => s.request.outputTokenIds.length === 0).map((s) => s.request);
     if (firsts.length === 0) return out;
     const rate = this.config.agingRate;
-    const deferred = (r: Request): boolean => firsts.some((f) => f.priority < r.priority && runsBefore(f, r, rate));
-    return out.filter((s) => !deferred(s.request));
+    const deferred = ({ request: r, numTokens }: ScheduledRequest): boolean => {
+      const better = firsts.filter((f) => f.priority < r.priority);
+      if (better.some((f) => runsBefore(f, r, rate))) return true;
+      if (better.length === 0 || numTokens === 1 || r.promptDeferred) return false;
+      r.promptDeferred = true;
+      return true;
+    };
+    return out.filter((s) => !deferred(s));
   }
 
   /**
