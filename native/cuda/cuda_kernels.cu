@@ -241,11 +241,28 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) skinnyKernel(const bf16* x,
   }
 }
 
+// The inverse RMS of x (n floats) as rmsnormKernel computes it: the same loop and reduction over
+// 256 threads, so the same bits.
+__device__ float inverseRms(const float* x, int n, float eps) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+  return 1.0f / sqrtf(blockSum(ss) / n + eps);
+}
+
+// The GEMV's input: x as bf16, or (Norm) fp32 x RMS-normalized on the fly into what rmsnormKernel
+// would have written.
+struct GemvInput {
+  const void* x;
+  const float* norm;  // Norm: the RMSNorm weight (K)
+  float eps;
+};
+
 // One row (a decode step of one sequence, K = 256·L): the skinny kernel's arithmetic in the same order,
 // so the same bits, but each lane loads all L of its weight chunks before it waits for the kernel that
-// wrote x (PDL): the weights stream while that kernel finishes, instead of after a launch gap.
-template <int L>
-__global__ void __launch_bounds__(kSkinnyWarps * 32) gemvKernel(const bf16* x, const bf16* w, int N, int K, float* y, float beta) {
+// wrote x (PDL): the weights stream while that kernel finishes, instead of after a launch gap. With Norm
+// it also does the RMSNorm before it (one kernel fewer), reading the fp32 residual stream.
+template <int L, bool Norm>
+__global__ void __launch_bounds__(kSkinnyWarps * 32) gemvKernel(GemvInput in, const bf16* w, int N, int K, float* y, float beta) {
   const int lane = threadIdx.x & 31;
   const int n = blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5);
   uint4 wv[L];
@@ -255,12 +272,27 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) gemvKernel(const bf16* x, c
     for (int i = 0; i < L; i++) wv[i] = __ldg(wr + lane + 32 * i);
   }
   awaitPrerequisites();
-  if (n >= N) return;  // whole warps only
-  const uint4* xr = reinterpret_cast<const uint4*>(x);  // plain loads: x was written after this kernel started
+  allowDependents();  // the next GEMV may start loading its weights
+  // Plain loads below: x was written after this kernel started.
+  const float inv = Norm ? inverseRms(static_cast<const float*>(in.x), K, in.eps) : 0.0f;
+  if (n >= N) return;  // whole warps only (after the block-wide reduction)
   float acc = 0.0f;
 #pragma unroll
   for (int i = 0; i < L; i++) {
-    const uint4 xv = xr[lane + 32 * i];
+    const int c = lane + 32 * i;
+    uint4 xv;
+    if constexpr (Norm) {
+      const float4* xf = reinterpret_cast<const float4*>(in.x) + 2 * c;
+      const float4* gf = reinterpret_cast<const float4*>(in.norm) + 2 * c;
+      const float4 x0 = xf[0], x1 = xf[1], g0 = gf[0], g1 = gf[1];
+      __nv_bfloat162* xp = reinterpret_cast<__nv_bfloat162*>(&xv);
+      xp[0] = __halves2bfloat162(__float2bfloat16_rn(g0.x * (x0.x * inv)), __float2bfloat16_rn(g0.y * (x0.y * inv)));
+      xp[1] = __halves2bfloat162(__float2bfloat16_rn(g0.z * (x0.z * inv)), __float2bfloat16_rn(g0.w * (x0.w * inv)));
+      xp[2] = __halves2bfloat162(__float2bfloat16_rn(g1.x * (x1.x * inv)), __float2bfloat16_rn(g1.y * (x1.y * inv)));
+      xp[3] = __halves2bfloat162(__float2bfloat16_rn(g1.z * (x1.z * inv)), __float2bfloat16_rn(g1.w * (x1.w * inv)));
+    } else {
+      xv = static_cast<const uint4*>(in.x)[c];
+    }
     const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[i]);
     const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
@@ -275,21 +307,22 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) gemvKernel(const bf16* x, c
 }
 
 constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
-using GemvKernel = void (*)(const bf16*, const bf16*, int, int, float*, float);
-template <int... Ls>
+using GemvKernel = void (*)(GemvInput, const bf16*, int, int, float*, float);
+template <bool Norm, int... Ls>
 constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {
   GemvKernel k = nullptr;
-  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1> : k), ...);
+  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, Norm> : k), ...);
   return k;
 }
 
 // One row, K = 256·L: with PDL where the kernel was compiled for a GPU that has it (binaryVersion >= 90).
-bool gemv(const bf16* x, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+template <bool Norm>
+bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
-  const GemvKernel kernel = gemvFor(K / 256, std::make_integer_sequence<int, kGemvMaxChunks>{});
+  const GemvKernel kernel = gemvFor<Norm>(K / 256, std::make_integer_sequence<int, kGemvMaxChunks>{});
   static const bool pdl = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, gemvKernel<1>) == cudaSuccess && attr.binaryVersion >= 90;
+    return cudaFuncGetAttributes(&attr, gemvKernel<1, false>) == cudaSuccess && attr.binaryVersion >= 90;
   }();
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -300,7 +333,7 @@ bool gemv(const bf16* x, const bf16* w, int N, int K, float* y, float beta, cuda
   cfg.stream = s;
   cfg.attrs = attrs;
   cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, x, w, N, K, y, beta);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, in, w, N, K, y, beta);
   if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel gemv: ") + cudaGetErrorString(e));
   return true;
 }
@@ -431,13 +464,17 @@ void pagedAttention(const AttentionArgs& a, cudaStream_t s) {
 
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1..8 and K a multiple of 8");
-  if (T == 1 && gemv(x, w, N, K, y, beta, s)) return;
+  if (T == 1 && gemv<false>({x, nullptr, 0.0f}, w, N, K, y, beta, s)) return;
   const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
   if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   else if (T <= 2) skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   else if (T <= 4) skinnyKernel<4><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   else skinnyKernel<8><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   launched("skinnyGemm");
+}
+
+bool normedGemv(const float* x, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  return gemv<true>({x, norm, eps}, w, N, K, y, beta, s);
 }
 
 void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s) {

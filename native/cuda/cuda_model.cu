@@ -241,6 +241,15 @@ class CudaModel : public Backend {
           "gemm");
   }
 
+  // y = bf16(RMSNorm(x_) · norm) · wᵀ + beta · y (K = hidden): one fused kernel for one row, else the
+  // norm into xn_ and then the GEMM. The same bits either way.
+  void normedGemm(const float* norm, int T, const bf16* w, int N, float* y, float beta) {
+    const int H = cfg_.hidden;
+    if (T == 1 && cuda::normedGemv(x_.get(), norm, cfg_.rmsEps, w, N, H, y, beta, stream_)) return;
+    cuda::rmsnormToBf16(x_.get(), nullptr, H, norm, cfg_.rmsEps, T, xn_.get(), stream_);
+    gemm(xn_.get(), T, w, N, H, y, beta);
+  }
+
   // The step's index arrays in one transfer: tokens, positions, slots, each row's sequence, block tables, sample rows.
   void uploadStep(const StepInput& in, int T, int B, int S) {
     const size_t tables = static_cast<size_t>(B) * in.maxBlocks;
@@ -351,8 +360,7 @@ class CudaModel : public Backend {
     cuda::embed(tokens_, T, embed_.get(), H, x_.get(), stream_);
     for (int l = 0; l < cfg_.layers; l++) {
       const Layer& L = layers_[l];
-      cuda::rmsnormToBf16(x_.get(), nullptr, H, L.attnNorm.get(), cfg_.rmsEps, T, xn_.get(), stream_);
-      timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.qkv.get(), qkvDim, H, qkv_.get(), 0.0f); });
+      timed(&Profile::matmul, [&] { normedGemm(L.attnNorm.get(), T, L.qkv.get(), qkvDim, qkv_.get(), 0.0f); });
       char* kc = static_cast<char*>(kCache_) + kvLayerBytes_ * l;
       char* vc = static_cast<char*>(vCache_) + kvLayerBytes_ * l;
       timed(&Profile::attention, [&] {
@@ -365,8 +373,7 @@ class CudaModel : public Backend {
       });
       // The residual add is the GEMM's beta = 1.
       timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.o.get(), H, qDim, x_.get(), 1.0f); });
-      cuda::rmsnormToBf16(x_.get(), nullptr, H, L.mlpNorm.get(), cfg_.rmsEps, T, xn_.get(), stream_);
-      timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.gateUp.get(), 2 * I, H, gu_.get(), 0.0f); });
+      timed(&Profile::matmul, [&] { normedGemm(L.mlpNorm.get(), T, L.gateUp.get(), 2 * I, gu_.get(), 0.0f); });
       cuda::siluMul(gu_.get(), T, I, xn_.get(), stream_);
       timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.down.get(), H, I, x_.get(), 1.0f); });
     }
