@@ -121,27 +121,34 @@ __global__ void qkvKernel(QkvArgs a) {
 constexpr int kAttnWarps = 8;
 constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are in flight together
 
-// One block per (row, q head), kAttnWarps warps splitting the keys; each lane holds head
-// dimensions lane, lane + 32, ... (DPL of them). Online softmax in fp32, merged across warps at the end.
-template <class E, int DPL>
+// One block per (row, KV head) and the G query heads sharing it (G = 1: one block per query head),
+// kAttnWarps warps splitting the keys; each lane holds head dimensions lane, lane + 32, ... (DPL of
+// them). Each key and value is loaded once for the G heads. Online softmax in fp32, merged across
+// warps at the end. Per query head the operations and their order do not depend on G.
+template <class E, int DPL, int G>
 __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
   allowDependents();  // the output projection may start loading its weights
-  const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int hd = a.hd, kvh = h / (a.heads / a.kvHeads);
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hd = a.hd, group = a.heads / a.kvHeads;
+  const int h0 = blockIdx.y * G, kvh = h0 / group;  // G divides group: the G heads share kvh
   const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
-  const float* q = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(h) * hd;
-  float qr[DPL], acc[DPL];
+  float qr[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
-  for (int j = 0; j < DPL; j++) {
-    const int d = lane + 32 * j;
-    qr[j] = d < hd ? q[d] * a.scale : 0.0f;
-    acc[j] = 0.0f;
+  for (int g = 0; g < G; g++) {
+    const float* q = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(h0 + g) * hd;
+#pragma unroll
+    for (int j = 0; j < DPL; j++) {
+      const int d = lane + 32 * j;
+      qr[g][j] = d < hd ? q[d] * a.scale : 0.0f;
+      acc[g][j] = 0.0f;
+    }
+    m[g] = -FLT_MAX;
+    l[g] = 0.0f;
   }
   const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
-  float m = -FLT_MAX, l = 0.0f;
   // Warp w takes keys w, w + kAttnWarps, ...; kAttnUnroll of them per iteration, loaded before any is used.
   for (int base = warp; base <= last; base += kAttnWarps * kAttnUnroll) {
     float kr[kAttnUnroll][DPL], vr[kAttnUnroll][DPL];
@@ -156,43 +163,50 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
         vr[u][j] = d < hd ? load<E>(V + at + d) : 0.0f;
       }
     }
-    float score[kAttnUnroll];
 #pragma unroll
-    for (int u = 0; u < kAttnUnroll; u++) {
-      float dot = 0.0f;
+    for (int g = 0; g < G; g++) {
+      float score[kAttnUnroll];
 #pragma unroll
-      for (int j = 0; j < DPL; j++) dot += qr[j] * kr[u][j];
-      score[u] = warpSum(dot);
-    }
+      for (int u = 0; u < kAttnUnroll; u++) {
+        float dot = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kAttnUnroll; u++) {
-      if (base + u * kAttnWarps > last) break;
-      const float mNew = fmaxf(m, score[u]);
-      const float corr = __expf(m - mNew), p = __expf(score[u] - mNew);
-      l = l * corr + p;
+        for (int j = 0; j < DPL; j++) dot += qr[g][j] * kr[u][j];
+        score[u] = warpSum(dot);
+      }
 #pragma unroll
-      for (int j = 0; j < DPL; j++) acc[j] = acc[j] * corr + p * vr[u][j];
-      m = mNew;
+      for (int u = 0; u < kAttnUnroll; u++) {
+        if (base + u * kAttnWarps > last) break;
+        const float mNew = fmaxf(m[g], score[u]);
+        const float corr = __expf(m[g] - mNew), p = __expf(score[u] - mNew);
+        l[g] = l[g] * corr + p;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) acc[g][j] = acc[g][j] * corr + p * vr[u][j];
+        m[g] = mNew;
+      }
     }
   }
   __shared__ float ms[kAttnWarps], ls[kAttnWarps];
   __shared__ float accs[kAttnWarps][DPL * 32];
-  if (lane == 0) {
-    ms[warp] = m;
-    ls[warp] = l;
-  }
 #pragma unroll
-  for (int j = 0; j < DPL; j++) accs[warp][lane + 32 * j] = acc[j];
-  __syncthreads();
-  float M = -FLT_MAX;
-  for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, ms[w]);
-  float L = 0.0f;
-  for (int w = 0; w < kAttnWarps; w++) L += ls[w] * __expf(ms[w] - M);  // a warp with no key has l = 0
-  bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h) * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.0f;
-    for (int w = 0; w < kAttnWarps; w++) o += accs[w][d] * __expf(ms[w] - M);
-    out[d] = __float2bfloat16_rn(o / L);
+  for (int g = 0; g < G; g++) {
+    if (lane == 0) {
+      ms[warp] = m[g];
+      ls[warp] = l[g];
+    }
+#pragma unroll
+    for (int j = 0; j < DPL; j++) accs[warp][lane + 32 * j] = acc[g][j];
+    __syncthreads();
+    float M = -FLT_MAX;
+    for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, ms[w]);
+    float L = 0.0f;
+    for (int w = 0; w < kAttnWarps; w++) L += ls[w] * __expf(ms[w] - M);  // a warp with no key has l = 0
+    bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h0 + g) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.0f;
+      for (int w = 0; w < kAttnWarps; w++) o += accs[w][d] * __expf(ms[w] - M);
+      out[d] = __float2bfloat16_rn(o / L);
+    }
+    __syncthreads();  // ms, ls and accs are rewritten for the next head
   }
 }
 
@@ -422,14 +436,30 @@ void qkvFor(const QkvArgs& a, cudaStream_t s) {
   qkvKernel<E><<<dim3(a.T, a.heads + 2 * a.kvHeads), threads, a.hd * sizeof(float), s>>>(a);
 }
 
+// G query heads per block where G divides the group and the grid still has 4 blocks per SM (few rows
+// keep one block per head: more blocks, shorter chains); G at most 16 / DPL so the registers hold. The
+// bits do not depend on G.
+template <class E, int DPL>
+void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  const int group = a.heads / a.kvHeads, threads = kAttnWarps * 32;
+  const auto fits = [&](int g) { return group % g == 0 && g * DPL <= 16 && static_cast<long>(a.T) * a.heads / g >= 4L * sms; };
+  if (fits(4)) attentionKernel<E, DPL, 4><<<dim3(a.T, a.heads / 4), threads, 0, s>>>(a);
+  else if (fits(2)) attentionKernel<E, DPL, 2><<<dim3(a.T, a.heads / 2), threads, 0, s>>>(a);
+  else attentionKernel<E, DPL, 1><<<dim3(a.T, a.heads), threads, 0, s>>>(a);
+}
+
 template <class E>
 void attentionFor(const AttentionArgs& a, cudaStream_t s) {
-  const dim3 grid(a.T, a.heads);
-  const int threads = kAttnWarps * 32;
-  if (a.hd <= 32) attentionKernel<E, 1><<<grid, threads, 0, s>>>(a);
-  else if (a.hd <= 64) attentionKernel<E, 2><<<grid, threads, 0, s>>>(a);
-  else if (a.hd <= 128) attentionKernel<E, 4><<<grid, threads, 0, s>>>(a);
-  else attentionKernel<E, 8><<<grid, threads, 0, s>>>(a);
+  if (a.hd <= 32) attentionGrouped<E, 1>(a, s);
+  else if (a.hd <= 64) attentionGrouped<E, 2>(a, s);
+  else if (a.hd <= 128) attentionGrouped<E, 4>(a, s);
+  else attentionGrouped<E, 8>(a, s);
 }
 
 }  // namespace
