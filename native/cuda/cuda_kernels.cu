@@ -329,14 +329,15 @@ constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {
   return k;
 }
 
-// One row, K = 256·L: with PDL where the kernel was compiled for a GPU that has it (binaryVersion >= 90).
+// One row, K = 256·L: with PDL where the kernel's code was generated for sm_90 or later (ptxVersion: a
+// newer GPU running code JIT-compiled from older PTX has no griddepcontrol in it, so no PDL there).
 template <bool Norm>
 bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
   const GemvKernel kernel = gemvFor<Norm>(K / 256, std::make_integer_sequence<int, kGemvMaxChunks>{});
   static const bool pdl = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, gemvKernel<1, false>) == cudaSuccess && attr.binaryVersion >= 90;
+    return cudaFuncGetAttributes(&attr, gemvKernel<1, false>) == cudaSuccess && attr.ptxVersion >= 90;
   }();
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
