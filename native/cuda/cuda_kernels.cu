@@ -65,15 +65,23 @@ __global__ void embedKernel(const int32_t* tokens, const bf16* table, int hidden
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = __bfloat162float(row[i]);
 }
 
+// RMSNorm's two halves, shared by rmsnormKernel and the one-row GEMV that folds the norm in, so both
+// give the same bits: the inverse RMS of x (n floats, reduced over the block's threads) and one
+// normalized element, rounded to bf16 for the GEMM after it.
+__device__ float inverseRms(const float* x, int n, float eps) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+  return 1.0f / sqrtf(blockSum(ss) / n + eps);
+}
+__device__ __forceinline__ bf16 normed(float x, float weight, float inv) { return __float2bfloat16_rn(weight * (x * inv)); }
+
 __global__ void rmsnormKernel(const float* x, const int32_t* rows, int n, const float* weight, float eps, bf16* out) {
   allowDependents();  // the GEMV after it may start loading its weights
   const int row = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + static_cast<size_t>(row) * n;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  const float inv = 1.0f / sqrtf(blockSum(ss) / n + eps);
+  const float inv = inverseRms(xr, n, eps);
   bf16* o = out + static_cast<size_t>(blockIdx.x) * n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2bfloat16_rn(weight[i] * (xr[i] * inv));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = normed(xr[i], weight[i], inv);
 }
 
 // One block per (row, head of q, k or v); blockDim.x = hd rounded up to a warp.
@@ -255,16 +263,8 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) skinnyKernel(const bf16* x,
   }
 }
 
-// The inverse RMS of x (n floats) as rmsnormKernel computes it: the same loop and reduction over
-// 256 threads, so the same bits.
-__device__ float inverseRms(const float* x, int n, float eps) {
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
-  return 1.0f / sqrtf(blockSum(ss) / n + eps);
-}
-
-// The GEMV's input: x as bf16, or (Norm) fp32 x RMS-normalized on the fly into what rmsnormKernel
-// would have written.
+// The GEMV's input: x as bf16, or (Norm) fp32 x RMS-normalized on the fly (inverseRms, normed) into
+// what rmsnormKernel would have written.
 struct GemvInput {
   const void* x;
   const float* norm;  // Norm: the RMSNorm weight (K)
@@ -300,10 +300,10 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) gemvKernel(GemvInput in, co
       const float4* gf = reinterpret_cast<const float4*>(in.norm) + 2 * c;
       const float4 x0 = xf[0], x1 = xf[1], g0 = gf[0], g1 = gf[1];
       __nv_bfloat162* xp = reinterpret_cast<__nv_bfloat162*>(&xv);
-      xp[0] = __halves2bfloat162(__float2bfloat16_rn(g0.x * (x0.x * inv)), __float2bfloat16_rn(g0.y * (x0.y * inv)));
-      xp[1] = __halves2bfloat162(__float2bfloat16_rn(g0.z * (x0.z * inv)), __float2bfloat16_rn(g0.w * (x0.w * inv)));
-      xp[2] = __halves2bfloat162(__float2bfloat16_rn(g1.x * (x1.x * inv)), __float2bfloat16_rn(g1.y * (x1.y * inv)));
-      xp[3] = __halves2bfloat162(__float2bfloat16_rn(g1.z * (x1.z * inv)), __float2bfloat16_rn(g1.w * (x1.w * inv)));
+      xp[0] = __halves2bfloat162(normed(x0.x, g0.x, inv), normed(x0.y, g0.y, inv));
+      xp[1] = __halves2bfloat162(normed(x0.z, g0.z, inv), normed(x0.w, g0.w, inv));
+      xp[2] = __halves2bfloat162(normed(x1.x, g1.x, inv), normed(x1.y, g1.y, inv));
+      xp[3] = __halves2bfloat162(normed(x1.z, g1.z, inv), normed(x1.w, g1.w, inv));
     } else {
       xv = static_cast<const uint4*>(in.x)[c];
     }
