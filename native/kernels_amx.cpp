@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include "kernels.h"
+#include "quant.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
@@ -119,6 +120,7 @@ const Kernels& kernelsAmx() {
     Kernels s = kernelsAvx512();
     s.name = "amx";
     s.matmulBf16 = matmulBf16;
+    s.matmulQuant = matmulQuantAmx;
     s.bf16Hardware = true;
     return s;
   }();

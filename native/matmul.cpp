@@ -59,8 +59,8 @@ void quantizeRows(const Kernels& k, const float* x, int T, int K, std::vector<Qu
 }
 
 void matmulQuantizedRows(const Kernels& k, const QuantActBlock* xq, int T, const PackedMatrix& w, float* y) {
-  perThreadRuns((w.N + kPackCols - 1) / kPackCols,
-                [&](int g0, int g1) { k.matmulQuant(xq, T, w, y, g0 * kPackCols, std::min(w.N, g1 * kPackCols)); });
+  perThreadRuns((w.N + kQuantSplitCols - 1) / kQuantSplitCols,
+                [&](int g0, int g1) { k.matmulQuant(xq, T, w, y, g0 * kQuantSplitCols, std::min(w.N, g1 * kQuantSplitCols)); });
 }
 
 void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {

@@ -101,8 +101,8 @@ async function probeLogits(file: string, tokens: number[], batched: boolean): Pr
   }
 }
 
-/** The kernel sets to force: the best (VNNI where the CPU has AVX512-VNNI), AVX2, scalar. */
-function kernelSets(): string[] {
+/** The kernel sets that share quant.h's lane order, to force: VNNI where the CPU has AVX512-VNNI, AVX2, scalar. */
+function laneOrderSets(): string[] {
   const f = loadNative().cpuFeatures();
   const sets = [f.avx512bf16 ? "avx512bf16" : f.avx512 ? "avx512" : null, f.avx2 ? "avx2" : null, "scalar"].filter((s): s is string => s !== null);
   if (!f.avx512) console.log("NOTICE: no AVX-512 on this CPU: the VNNI path is not tested");
@@ -136,38 +136,56 @@ for (const [k, type] of QUANT_TYPES.entries()) {
     const batched = await probeLogits(file, tokens, true);
     for (const t of tokens) assert.ok(alone[t]!.every((v, i) => Object.is(v, batched[t]![i])), `${type}: token ${t} differs alone and in a batch of ${ROWS}`);
 
-    let worstTight = 0, worstBound = 0;
-    for (const t of tokens) {
-      const xn = rmsnorm(embed.subarray(t * K, (t + 1) * K));
-      const { xq, d } = quantizeActs(xn);
-      for (let n = 0; n < ROWS; n++) {
-        let withActQuant = 0, exact = 0, mag = 0, bound = 0;
-        for (let i = 0; i < K; i++) {
-          const wi = wd[n * K + i]!;
-          withActQuant += wi * xq[i]!;
-          exact += wi * xn[i]!;
-          mag += Math.abs(wi * xq[i]!);
-          bound += (Math.abs(wi) * d[i]!) / 2;  // |x - x̂| ≤ d/2 per element
-        }
-        const got = alone[t]![n]!;
-        // The kernel computes x̂·w exactly in integers, then scales and sums in fp32: a few ulps of Σ|w·x̂|.
-        const tight = Math.abs(got - withActQuant) / (1e-5 * mag + 1e-30);
-        // Against the unquantized activations: the rounding of x to int8 bounds the error.
-        const vsExact = Math.abs(got - exact) / (bound * 1.01 + 1e-5 * mag);
-        worstTight = Math.max(worstTight, tight);
-        worstBound = Math.max(worstBound, vsExact);
-      }
-    }
-    console.log(`NOTICE: ${type}: worst error ${worstTight.toFixed(3)} of the fp32 tolerance, ${worstBound.toFixed(3)} of the activation-quantization bound`);
-    assert.ok(worstTight <= 1, `${type}: ${worstTight.toFixed(3)} of the fp32 tolerance against int8 activations · dequantized weights`);
-    assert.ok(worstBound <= 1, `${type}: ${worstBound.toFixed(3)} of the activation-quantization bound against fp64`);
+    checkAgainstFp64(type, `${loadNative().isa()} (in use)`, alone, wd, embed, tokens);
 
-    // Every kernel set gives the same bits (they share one reduction order).
-    for (const isa of kernelSets()) {
-      const got = probeInChild(file, isa);
-      for (const t of tokens) assert.ok(got[t]!.every((v, i) => Object.is(v, batched[t]![i])), `${type}: WEFT_ISA=${isa} differs on token ${t}`);
+    // The sets that share quant.h's lane order give the same bits; each is within the bounds.
+    const laneSets = laneOrderSets();
+    const byLane = laneSets.map((isa) => probeInChild(file, isa));
+    byLane.forEach((got, i) => {
+      checkAgainstFp64(type, laneSets[i]!, got, wd, embed, tokens);
+      for (const t of tokens) assert.ok(got[t]!.every((v, j) => Object.is(v, byLane[0]![t]![j])), `${type}: WEFT_ISA=${laneSets[i]} differs from ${laneSets[0]} on token ${t}`);
+    });
+    // The AMX set has its own order (kernels_quant_amx.cpp): within the bounds above and
+    // batch-invariant (checked in this process when it is the set in use, else in a child).
+    if (loadNative().cpuFeatures().amx) {
+      const amx = probeInChild(file, "amx");
+      checkAgainstFp64(type, "amx", amx, wd, embed, tokens);
+      if (loadNative().isa() === "amx") for (const t of tokens) assert.ok(amx[t]!.every((v, j) => Object.is(v, batched[t]![j])), `${type}: amx child differs on token ${t}`);
+    } else {
+      console.log("NOTICE: no AMX on this CPU: the AMX-INT8 path is not tested");
+      for (const t of tokens) assert.ok(byLane[0]![t]!.every((v, j) => Object.is(v, batched[t]![j])), `${type}: the set in use differs from ${laneSets[0]} on token ${t}`);
     }
   });
+}
+
+/**
+ * Each logit against the dequantized weights in fp64: within a few fp32 ulps of Σ|w·x̂| of
+ * the int8 activations' exact product, and within the activation-rounding bound of the exact one.
+ */
+function checkAgainstFp64(type: GgmlType, set: string, logits: Float32Array[], wd: Float32Array, embed: Float32Array, tokens: number[]): void {
+  let worstTight = 0, worstBound = 0;
+  for (const t of tokens) {
+    const xn = rmsnorm(embed.subarray(t * K, (t + 1) * K));
+    const { xq, d } = quantizeActs(xn);
+    for (let n = 0; n < ROWS; n++) {
+      let withActQuant = 0, exact = 0, mag = 0, bound = 0;
+      for (let i = 0; i < K; i++) {
+        const wi = wd[n * K + i]!;
+        withActQuant += wi * xq[i]!;
+        exact += wi * xn[i]!;
+        mag += Math.abs(wi * xq[i]!);
+        bound += (Math.abs(wi) * d[i]!) / 2;  // |x - x̂| ≤ d/2 per element
+      }
+      const got = logits[t]![n]!;
+      // The kernel computes x̂·w exactly in integers, then scales and sums in fp32: a few ulps of Σ|w·x̂|.
+      worstTight = Math.max(worstTight, Math.abs(got - withActQuant) / (1e-5 * mag + 1e-30));
+      // Against the unquantized activations: the rounding of x to int8 bounds the error.
+      worstBound = Math.max(worstBound, Math.abs(got - exact) / (bound * 1.01 + 1e-5 * mag));
+    }
+  }
+  console.log(`NOTICE: ${type} ${set}: worst error ${worstTight.toFixed(3)} of the fp32 tolerance, ${worstBound.toFixed(3)} of the activation-quantization bound`);
+  assert.ok(worstTight <= 1, `${type} ${set}: ${worstTight.toFixed(3)} of the fp32 tolerance against int8 activations · dequantized weights`);
+  assert.ok(worstBound <= 1, `${type} ${set}: ${worstBound.toFixed(3)} of the activation-quantization bound against fp64`);
 }
 
 // ---- end to end: llama.cpp-quantized files of a Qwen3 shape, served ----
