@@ -15,30 +15,19 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
+#include "amx_tiles.h"
 
 namespace weft {
 namespace {
 
-// Palette 1: up to 8 tiles of 16 rows × 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, startRow = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles: C 0,1 (rows block 0 × column tiles 0,1), C 2,3 (rows block 1), A 4,5 (rows blocks), B 6,7 (column tiles).
-void configure(int m0, int m1) {
+TileConfig configFor(int m0, int m1) {
   TileConfig c;
-  auto set = [&c](int tile, int rows) {
-    c.rows[tile] = static_cast<uint8_t>(rows);
-    c.colsb[tile] = rows ? 64 : 0;
-  };
-  for (int t : {0, 1, 4}) set(t, m0);
-  for (int t : {2, 3, 5}) set(t, m1);
-  set(6, 16);
-  set(7, 16);
-  _tile_loadconfig(&c);
+  for (int t : {0, 1, 4}) c.set(t, m0, 64);
+  for (int t : {2, 3, 5}) c.set(t, m1, 64);
+  c.set(6, 16, 64);
+  c.set(7, 16, 64);
+  return c;
 }
 
 // Copies a C tile, stored to `buf` (16 × 16), into y at row t0 (m rows), column tile g.
@@ -98,19 +87,19 @@ inline void block(const uint16_t* xp, int t0, int m0, int m1, const PackedMatrix
 
 // Column tiles in pairs, outermost: their weights stay in L2 while every row passes.
 void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  TileScope tiles;
   int c0 = -1, c1 = -1;
   for (int g = g0; g < g1; g += 2) {
     const bool twoCols = g + 1 < g1;
     for (int t = 0; t < T; t += 32) {
       const int m0 = std::min(16, T - t), m1 = std::max(0, std::min(16, T - t - 16));
-      if (m0 != c0 || m1 != c1) configure(c0 = m0, c1 = m1);
+      if (m0 != c0 || m1 != c1) tiles.load(configFor(c0 = m0, c1 = m1));
       if (m1 > 0 && twoCols) block<true, true>(xp, t, m0, m1, w, g, y);
       else if (m1 > 0) block<true, false>(xp, t, m0, m1, w, g, y);
       else if (twoCols) block<false, true>(xp, t, m0, m1, w, g, y);
       else block<false, false>(xp, t, m0, m1, w, g, y);
     }
   }
-  _tile_release();  // no tile state left for context switches to save
 }
 
 }  // namespace

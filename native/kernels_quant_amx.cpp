@@ -20,7 +20,8 @@
 #include "quant.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-int8")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+#include "amx_tiles.h"
 
 namespace weft {
 namespace {
@@ -30,29 +31,18 @@ constexpr int kToks = 16;  // activation rows per B tile: its 4-byte columns
 // Q8_0 rows read in place are asked into cache this many panels ahead, a share of the
 // panel per group: 16 rows read a block at a time are short strided streams that the
 // hardware prefetcher does not ramp up on (see kernels_quant_avx2.cpp).
-constexpr int kPrefetchPanels = 2;
-
-// Palette 1: up to 8 tiles of 16 rows × 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, startRow = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+constexpr int kPrefetchPanels = 4;
 
 // Two sets of tiles, so that one group's products run while the other's are scaled:
 // A 0/1 (16 columns × G int8), B 2/3 (G/4 rows × toks·4 bytes), C 4/5 (16 × toks int32).
-void configure(int group, int toks) {
+TileConfig configFor(int group, int toks) {
   TileConfig c;
   for (int i = 0; i < 2; i++) {
-    c.rows[i] = kCols;
-    c.colsb[i] = static_cast<uint16_t>(group);
-    c.rows[2 + i] = static_cast<uint8_t>(group / 4);
-    c.colsb[2 + i] = static_cast<uint16_t>(4 * toks);
-    c.rows[4 + i] = kCols;
-    c.colsb[4 + i] = static_cast<uint16_t>(4 * toks);
+    c.set(i, kCols, group);
+    c.set(2 + i, group / 4, 4 * toks);
+    c.set(4 + i, kCols, 4 * toks);
   }
-  _tile_loadconfig(&c);
+  return c;
 }
 
 // Where a panel's weights come from: Q8_0 rows in place, or rows unpacked (quant.h's
@@ -67,6 +57,12 @@ struct WeightPanel {
   const char* ahead = nullptr;  // the rows to ask into cache while this panel runs (contiguous)
   size_t aheadBytes = 0;
 };
+
+// Step g of n's share of the rows ahead (WeightPanel::ahead).
+inline void prefetchShare(const WeightPanel& p, int g, int n) {
+  if (!p.ahead) return;
+  for (size_t at = p.aheadBytes * g / n / 64 * 64; at < p.aheadBytes * (g + 1) / n; at += 64) _mm_prefetch(p.ahead + at, _MM_HINT_T0);
+}
 
 // Group g: its A tile origin, and its 16 column scales and mins.
 inline const uint8_t* groupA(const WeightPanel& p, int g, int perBlock) {
@@ -107,8 +103,7 @@ constexpr int kLag = 2, kSumBufs = kLag + 1;
 template <class BOf, class Scale>
 inline void groupPipeline(const WeightPanel& p, int groups, int perBlock, BOf bOf, long bStride, int32_t* sums, int cInts, long cStride, Scale scale) {
   for (int g = 0; g < groups + kLag; g++) {
-    if (p.ahead && g < groups)  // this group's share of the rows ahead
-      for (size_t at = p.aheadBytes * g / groups / 64 * 64; at < p.aheadBytes * (g + 1) / groups; at += 64) _mm_prefetch(p.ahead + at, _MM_HINT_T0);
+    if (g < groups) prefetchShare(p, g, groups);
     if (g < groups) {
       int32_t* c = sums + (g % kSumBufs) * cInts;
       if (g % 2 == 0) WEFT_GROUP_SUMS(0, 2, 4, groupA(p, g, perBlock), p.stride, bOf(g), bStride, c, cStride);
@@ -132,6 +127,43 @@ void panelOneRow(const WeightPanel& p, const QuantActBlock* x, int groups, int p
     if (mins) acc = _mm512_fmadd_ps(sc.min, _mm512_set1_ps(xb.s), acc);
   });
   _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << cols) - 1), acc);
+}
+
+// The 16 exact lane sums' totals of 8 vectors, vector v holding columns 2v and 2v + 1
+// (8 int32 lanes each), in column order.
+inline __m512i columnSums(const __m512i* d) {
+  __m512i e[4], f[2];
+  for (int i = 0; i < 4; i++) e[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2 * i], d[2 * i + 1]), _mm512_unpackhi_epi32(d[2 * i], d[2 * i + 1]));
+  for (int i = 0; i < 2; i++) f[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(e[2 * i], e[2 * i + 1]), _mm512_unpackhi_epi64(e[2 * i], e[2 * i + 1]));
+  // f[i]'s 128-bit chunks: columns (0,2,4,6)+8i over lanes 0-3, then 4-7; (1,3,5,7)+8i likewise.
+  const __m512i g = _mm512_add_epi32(_mm512_shuffle_i32x4(f[0], f[1], 0x88), _mm512_shuffle_i32x4(f[0], f[1], 0xDD));
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), g);
+}
+
+// One activation row against 16 Q8_0 rows read in place, with AVX512-VNNI rather than
+// tiles: per block the same exact integer sums (vpdpbusd on w + 128, started at −128·Σx
+// per lane) and then panelOneRow's fp32 operations in its order, so the same bits. A
+// tile load gathers 16 strided rows per group, which streams the weights slower than
+// plain vector loads do when one row has no other rows to share them with.
+void q8OneRow(const WeightPanel& p, const QuantActBlock* x, int nb, float* y) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    prefetchShare(p, b, nb);
+    const QuantActBlock& xb = x[b];
+    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q)));
+    const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, xv));
+    const uint8_t* q = p.a + static_cast<size_t>(b) * p.blockBytes;
+    __m512i d[8];
+    for (int v = 0; v < 8; v++) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + p.stride * 2 * v));
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + p.stride * (2 * v + 1)));
+      d[v] = _mm512_dpbusd_epi32(start, _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip), xv);
+    }
+    const Scales sc = scalesOf(p, b, 1, false);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(columnSums(d)), _mm512_mul_ps(sc.scale, _mm512_set1_ps(xb.d)), acc);
+  }
+  _mm512_storeu_ps(y, acc);
 }
 
 // Activation rows repacked for B tiles: per tile of kToks rows and group g, G/4 rows
@@ -221,7 +253,8 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
   m.resize(static_cast<size_t>(kCols) * nb);
   if (T > 1) repack(x, T, nb, perBlock, xt);
   asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
-  configure(kQBlock / perBlock, T > 1 ? std::min(T, kToks) : 1);
+  TileScope tiles;
+  tiles.load(configFor(kQBlock / perBlock, T > 1 ? std::min(T, kToks) : 1));
   const __m512i rowOffsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                 _mm512_set1_epi32(static_cast<int>(rowBytes)));
   for (int n = n0; n < n1; n += kCols) {
@@ -237,6 +270,10 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
       unpackPanel(w, rowBytes, n, cols, q.data(), dv.data(), m.data());
       p = {reinterpret_cast<const uint8_t*>(q.data()), kQBlock, kQBlock * kCols, dv.data(), m.data(), rowOffsets};
     }
+    if (T == 1 && !p.dv) {
+      q8OneRow(p, x, nb, y + n);
+      continue;
+    }
     if (T == 1) {
       panelOneRow(p, x, groups, perBlock, mins, y + n, cols);
       continue;
@@ -244,7 +281,6 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
     for (int tt = 0; tt * kToks < T; tt++)
       panelRows(p, xt, tt, std::min(kToks, T - tt * kToks), perBlock, mins, y + static_cast<size_t>(tt) * kToks * w.N + n, w.N, cols);
   }
-  _tile_release();  // no tile state left for context switches to save
 }
 
 }  // namespace weft

@@ -12,6 +12,11 @@
 #include <stdexcept>
 #include "kernels.h"
 
+#pragma GCC push_options
+#pragma GCC target("amx-tile")
+#include "amx_tiles.h"
+#pragma GCC pop_options
+
 namespace weft {
 namespace {
 
@@ -74,21 +79,12 @@ __attribute__((target("avx512f,avx512bf16"))) void dotLoop(long iters) {
   sink = _mm512_reduce_add_ps(acc[0]);
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, startRow = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Four 16×16 C tiles fed by two A and two B tiles held in the tile registers: TMUL throughput alone.
 __attribute__((target("amx-tile,amx-bf16"))) void amxLoop(long iters) {
   TileConfig c;
-  for (int t = 0; t < 8; t++) {
-    c.rows[t] = 16;
-    c.colsb[t] = 64;
-  }
-  _tile_loadconfig(&c);
+  for (int t = 0; t < 8; t++) c.set(t, 16, 64);
+  TileScope tiles;
+  tiles.load(c);
   alignas(64) static thread_local uint16_t data[16 * 32];
   for (auto& v : data) v = 0x3F80;
   _tile_loadd(4, data, 64);
@@ -107,7 +103,6 @@ __attribute__((target("amx-tile,amx-bf16"))) void amxLoop(long iters) {
   }
   alignas(64) float out[256];
   _tile_stored(0, out, 64);
-  _tile_release();
   sink = out[0];
 }
 
