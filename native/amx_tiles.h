@@ -25,16 +25,19 @@ struct alignas(64) TileConfig {
 };
 
 // The thread's tile configuration for one kernel call (see above).
+// The instructions are written as asm with the whole 64-byte configuration as a memory
+// operand: through GCC 12's _tile_loadconfig the stores that build a configuration were
+// found dropped (tiles left unconfigured, then #UD), as if the builtin did not read them.
 class TileScope {
  public:
-  TileScope() { _tile_storeconfig(&saved_); }
+  TileScope() { asm volatile("sttilecfg %0" : "=m"(saved_)); }
   TileScope(const TileScope&) = delete;
   TileScope& operator=(const TileScope&) = delete;
   ~TileScope() {
-    if (saved_.palette) _tile_loadconfig(&saved_);
+    if (saved_.palette) load(saved_);
     else _tile_release();  // none before: no tile state left for context switches to save
   }
-  void load(const TileConfig& c) { _tile_loadconfig(&c); }
+  void load(const TileConfig& c) { asm volatile("ldtilecfg %0" : : "m"(c)); }
 
  private:
   TileConfig saved_;

@@ -301,8 +301,6 @@ void panelRows(const Source& p, const QuantActBlock* x, int T, int nb, float* y,
 }  // namespace
 
 #ifndef WEFT_QUANT_VNNI
-void unpackRowAvx2(DType d, const uint8_t* src, int K, const UnpackedRow& r) { unpackRow(d, src, K, r); }
-
 // quantizeActivations with 8-wide vectors: the same operations per element
 // (roundps to nearest even is nearbyint in the default rounding mode), so the same bits.
 void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {

@@ -76,12 +76,11 @@ constexpr int kQPanel = 4;
 void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantVnni(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
-// The amx set's: AMX-INT8 tiles in their own reduction order (kernels_quant_amx.cpp).
+// The amx set's: Q8_0 on AMX-INT8 tiles in their own reduction order (kernels_quant_amx.cpp),
+// the other types as matmulQuantVnni.
 void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 // Columns per unit when a quantized matmul is split across threads: the widest panel (AMX's 16).
 constexpr int kQuantSplitCols = 16;
-// unpackRowScalar's values in AVX2 code, signed weights as they are (for the AMX tiles).
-void unpackRowAvx2(DType d, const uint8_t* src, int K, const UnpackedRow& r);
 
 // y[T, w.N] = x[T, w.K] · wᵀ for a block-quantized w: the rows of x quantized
 // per block, then the columns split across threads (defined in matmul.cpp).
