@@ -78,7 +78,9 @@ using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, 
 // the rows quantized to int8 per 32-element block (quantizeActivations). Each
 // weight row is unpacked once and reused by every row t; integer dot products
 // per 4 inputs, fp32 accumulation in the fixed order quant.h spells out, which
-// every kernel set follows: bit-identical across sets and batch-invariant.
+// every kernel set follows (bit-identical across sets and batch-invariant), except
+// the amx set's Q8_0: AMX-INT8 tiles in their own fixed order (kernels_quant_amx.cpp),
+// batch-invariant too.
 struct QuantActBlock;
 using MatmulQuantFn = void (*)(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 // The quantized matmul for a kernel set: vpdpbusd (AVX512-VNNI) for the AVX-512
@@ -143,7 +145,7 @@ struct Kernels {
   ScoresHalfFn scoresHalf = nullptr;
   WeightedSumHalfFn weightedSumHalf = nullptr;
   // Block-quantized weights; chosen from the set's name (sets copied from
-  // another inherit its choice, as amx and avx512bf16 inherit avx512's).
+  // another inherit its choice, as avx512bf16 inherits avx512's; amx sets its own).
   MatmulQuantFn matmulQuant = quantMatmulFor(name);
   // MLX affine weights, chosen from the set's name in the same way.
   MatmulMlxFn matmulMlx = mlxMatmulFor(name);

@@ -8,7 +8,8 @@
 // eight fp32 lane scales and a "min" coefficient; every row of the step is then
 // dotted against the unpacked rows. Only the integer lane sums may be computed
 // differently (the VNNI set stores signed weights as w + 128 and starts each
-// sum at −128·Σx): they are exact, so every set gives the same bits.
+// sum at −128·Σx): they are exact, so every set gives the same bits. The amx
+// set's Q8_0 kernel alone has another order (matmulQuantAmx).
 #pragma once
 #include <cstddef>
 #include <cstdint>
