@@ -9,7 +9,7 @@
 // The reduction order is the tiles' own, not quant.h's lane order: per output, for
 // each block b in order, acc = fma(float(p_b), d_b · x_b.d, acc), with p_b the exact
 // integer Σ w·x of the block. A tile computes each output from its own row and
-// column, and every row count follows this order (one-row steps take the same
+// column, and every row count follows this order (steps of up to 4 rows take the same
 // integer sums with vpdpbusd and the same fp32 operations), so the set is
 // batch-invariant; it is not bit-identical to the other sets (see MatmulQuantFn).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -147,28 +147,48 @@ inline __m512i columnSums(const __m512i* d) {
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), g);
 }
 
-// One activation row, with AVX512-VNNI rather than tiles: per block the same exact integer
-// sums (vpdpbusd on w + 128, started at −128·Σx per lane) and then panelRows' fp32
-// operations in its order, so the same bits. At one row a block's tile work cannot be
-// shared with other rows, and tile loads of 16 strided rows stream slower than these loads.
-void oneRow(const Panel& p, const QuantActBlock* x, int nb, float* y, int cols) {
+// Up to kVecRows activation rows (row r's blocks at x + r·nb; y: row stride N), with
+// AVX512-VNNI rather than tiles: per block the same exact integer sums (vpdpbusd on w + 128,
+// started at −128·Σx per lane) and then panelRows' fp32 operations in its order, so the
+// same bits. With this few rows a block's tile work is shared by too few of them, and tile
+// loads of 16 strided rows stream slower than these vector loads.
+constexpr int kVecRows = 4;
+
+template <int R>
+void fewRows(const Panel& p, const QuantActBlock* x, int nb, float* y, int N, int cols) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc = _mm512_setzero_ps();
+  __m512 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++) {
     p.prefetch(b, nb);
-    const QuantActBlock& xb = x[b];
-    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q)));
-    const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, xv));
     const uint8_t* q = p.block(b);
-    __m512i d[8];
+    __m512i w[8];
     for (int v = 0; v < 8; v++) {
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + p.rowBytes * 2 * v));
       const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + p.rowBytes * (2 * v + 1)));
-      d[v] = _mm512_dpbusd_epi32(start, _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip), xv);
+      w[v] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip);
     }
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(columnSums(d)), _mm512_mul_ps(p.scales(b), _mm512_set1_ps(xb.d)), acc);
+    const __m512 scale = p.scales(b);
+    for (int r = 0; r < R; r++) {
+      const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
+      const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q)));
+      const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, xv));
+      __m512i d[8];
+      for (int v = 0; v < 8; v++) d[v] = _mm512_dpbusd_epi32(start, w[v], xv);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(columnSums(d)), _mm512_mul_ps(scale, _mm512_set1_ps(xb.d)), acc[r]);
+    }
   }
-  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << cols) - 1), acc);
+  for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + static_cast<size_t>(r) * N, static_cast<__mmask16>((1u << cols) - 1), acc[r]);
+}
+
+void vecRows(const Panel& p, const QuantActBlock* x, int T, int nb, float* y, int N, int cols) {
+  switch (T) {
+    case 1: fewRows<1>(p, x, nb, y, N, cols); break;
+    case 2: fewRows<2>(p, x, nb, y, N, cols); break;
+    case 3: fewRows<3>(p, x, nb, y, N, cols); break;
+    case 4: fewRows<4>(p, x, nb, y, N, cols); break;
+    default: break;
+  }
 }
 
 }  // namespace
@@ -182,7 +202,7 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
   const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   static thread_local ActTiles xt;
   static thread_local std::vector<uint8_t> tail;  // a last panel of fewer than 16 rows, zero-padded
-  if (T > 1) repack(x, T, nb, xt);
+  if (T > kVecRows) repack(x, T, nb, xt);
   asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
   TileScope tiles;
   tiles.load(configFor(std::min(T, kToks)));
@@ -200,8 +220,8 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
       p.ahead = reinterpret_cast<const char*>(p.rows + rowBytes * kPrefetchPanels * kCols);
       p.aheadBytes = rowBytes * kCols;
     }
-    if (T == 1) {
-      oneRow(p, x, nb, y + n, cols);
+    if (T <= kVecRows) {
+      vecRows(p, x, T, nb, y + n, w.N, cols);
       continue;
     }
     for (int tt = 0; tt * kToks < T; tt++)

@@ -135,6 +135,8 @@ for (const [k, type] of QUANT_TYPES.entries()) {
     const alone = await probeLogits(file, tokens, false);
     const batched = await probeLogits(file, tokens, true);
     for (const t of tokens) assert.ok(alone[t]!.every((v, i) => Object.is(v, batched[t]![i])), `${type}: token ${t} differs alone and in a batch of ${ROWS}`);
+    const few = await probeLogits(file, tokens.slice(0, 3), true);  // a step of a few rows (the AMX set's vector path)
+    few.forEach((l, t) => assert.ok(l.every((v, i) => Object.is(v, alone[t]![i])), `${type}: token ${t} differs alone and in a batch of 3`));
 
     checkAgainstFp64(type, `${loadNative().isa()} (in use)`, alone, wd, embed, tokens);
 
