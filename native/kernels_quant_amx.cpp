@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 #include "quant.h"
 
@@ -87,8 +88,9 @@ struct ActTiles {
   std::vector<int8_t> q;
   std::vector<float> d;
   int nb = 0;
-  const int8_t* tile(int tt, int b) const { return q.data() + (static_cast<size_t>(tt) * nb + b) * (kQBlock / 4) * 64; }
-  const float* rowD(int tt, int b) const { return d.data() + (static_cast<size_t>(tt) * nb + b) * kToks; }
+  size_t at(int tt, int b) const { return static_cast<size_t>(tt) * nb + b; }  // (tile, block) in order
+  const int8_t* tile(int tt, int b) const { return q.data() + at(tt, b) * (kQBlock / 4) * 64; }
+  const float* rowD(int tt, int b) const { return d.data() + at(tt, b) * kToks; }
 };
 
 void repack(const QuantActBlock* x, int T, int nb, ActTiles& out) {
@@ -100,9 +102,9 @@ void repack(const QuantActBlock* x, int T, int nb, ActTiles& out) {
     for (int b = 0; b < nb; b++) {
       const QuantActBlock& xb = x[static_cast<size_t>(t) * nb + b];
       const int tt = t / kToks, lane = t % kToks;
-      int8_t* dst = out.q.data() + (out.tile(tt, b) - out.q.data()) + 4 * lane;
+      int8_t* dst = out.q.data() + out.at(tt, b) * (kQBlock / 4) * 64 + 4 * lane;
       for (int k4 = 0; k4 < kQBlock / 4; k4++) std::memcpy(dst + 64 * k4, xb.q + 4 * k4, 4);
-      out.d[(static_cast<size_t>(tt) * nb + b) * kToks + lane] = xb.d;
+      out.d[out.at(tt, b) * kToks + lane] = xb.d;
     }
 }
 
@@ -202,10 +204,13 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
   const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   static thread_local ActTiles xt;
   static thread_local std::vector<uint8_t> tail;  // a last panel of fewer than 16 rows, zero-padded
-  if (T > kVecRows) repack(x, T, nb, xt);
-  asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
-  TileScope tiles;
-  tiles.load(configFor(std::min(T, kToks)));
+  std::optional<TileScope> tiles;  // steps of up to kVecRows rows use no tiles
+  if (T > kVecRows) {
+    repack(x, T, nb, xt);
+    asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
+    tiles.emplace();
+    tiles->load(configFor(std::min(T, kToks)));
+  }
   const __m512i rowOffsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                 _mm512_set1_epi32(static_cast<int>(rowBytes)));
   for (int n = n0; n < n1; n += kCols) {
