@@ -9,6 +9,8 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <utility>
 #include <vector>
 #include "quant.h"
 
@@ -17,6 +19,7 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 // GCC 12's avx512fintrin.h trips this on its own _mm512_undefined_* placeholders.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #define WEFT_QUANT_MATMUL matmulQuantVnni
 #else
 #pragma GCC target("avx2,fma,f16c")
@@ -207,23 +210,26 @@ constexpr int kVecs = kQPanel / kColsPerVec;
 
 // Block b of the panel: vector v's weights (as the dot takes them) and lane scales.
 struct PanelSource {
+  static constexpr int kGroup = 1;
   const Panel& p;
-  void block(int b, int v, VI* w, VF* dv) const {
+  void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
     *w = loadW(p.q + 32 * (kQPanel * b + kColsPerVec * v));
     *dv = loadDv(p.dv + 8 * (kQPanel * b + kColsPerVec * v));
   }
-  __m128 mins(int b) const { return _mm_loadu_ps(p.m + kQPanel * b); }
-  void prefetch(int) const {}  // unpackPanel asked for the rows ahead
+  __m128 mins(int b, std::integral_constant<int, 0>) const { return _mm_loadu_ps(p.m + kQPanel * b); }
+  void begin(int) const {}
+  void prefetch(int, std::integral_constant<int, 0>) const {}  // unpackPanel asked for the rows ahead
 };
 
 // Q8_0 read in place (34-byte blocks: f16 scale, 32 int8), for steps of at most
 // one row tile, where a panel's unpacking would serve too few rows to pay off.
 // The same values as unpackQ8_0 + unpackPanel give.
 struct Q8Source {
+  static constexpr int kGroup = 1;
   const uint8_t* rows;  // the panel's first row
   size_t rowBytes;
   int cols;  // rows present (the rest read as row 0 and are not stored)
-  void block(int b, int v, VI* w, VF* dv) const {
+  void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
     const int i = kColsPerVec * v;
     const uint8_t* a = rows + rowBytes * (i < cols ? i : 0) + 34 * static_cast<size_t>(b);
 #ifdef WEFT_QUANT_VNNI
@@ -236,13 +242,126 @@ struct Q8Source {
     *dv = _mm256_set1_ps(f16At(a));
 #endif
   }
-  __m128 mins(int) const { return _mm_setzero_ps(); }
+  __m128 mins(int, std::integral_constant<int, 0>) const { return _mm_setzero_ps(); }
+  void begin(int) const {}
   // Block b of the rows kPrefetchPanels panels ahead (see kPrefetchPanels).
-  void prefetch(int b) const {
+  void prefetch(int b, std::integral_constant<int, 0>) const {
     const uint8_t* ahead = rows + rowBytes * kQPanel * kPrefetchPanels + 34 * static_cast<size_t>(b);
     for (int i = 0; i < kQPanel; i++) _mm_prefetch(reinterpret_cast<const char*>(ahead + rowBytes * i), _MM_HINT_T1);
   }
 };
+
+// The eight 6-bit scales and mins of a Q4_K superblock (ggml's get_scale_min_k4), as bytes:
+// scales 0–3 and mins 0–3 are the low 6 bits of bytes 0–3 and 4–7; scales and mins 4–7 take
+// their low 4 bits from bytes 8–11 and their top 2 from the top bits of bytes 0–3 and 4–7.
+inline void scaleBytesK4(const uint8_t* q, uint64_t* sc, uint64_t* mn) {
+  uint32_t a, b, c;
+  std::memcpy(&a, q, 4);
+  std::memcpy(&b, q + 4, 4);
+  std::memcpy(&c, q + 8, 4);
+  const uint32_t top = 0x03030303, low4 = 0x0F0F0F0F, low6 = 0x3F3F3F3F;
+  *sc = (a & low6) | static_cast<uint64_t>((c & low4) | ((a >> 6) & top) << 4) << 32;
+  *mn = (b & low6) | static_cast<uint64_t>(((c >> 4) & low4) | ((b >> 6) & top) << 4) << 32;
+}
+
+inline __m256 bytesToFloats(uint64_t v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v)))); }
+
+// One superblock of the panel's rows, decoded once per 256 inputs by KSource: where each
+// row's superblock starts, its scales as floats (Q4_K: d·sc[j], j < 8; Q6_K: d·sc[i], i < 16)
+// and, per block, the four columns' min terms: the values unpackQ4K/unpackQ6K write.
+struct SuperBlock {
+  const uint8_t* at[kQPanel];
+  alignas(64) float scale[kQPanel][16];
+  alignas(16) float min[8][kQPanel];
+};
+
+// Q4_K or Q6_K read in place, for steps of at most one row tile (as Q8Source): block j of
+// a superblock takes its quants straight from the rows and its lane scales from the decoded
+// superblock, giving the values unpackQ4K/unpackQ6K + unpackPanel give, so the same bits.
+template <DType D>
+struct KSource {
+  static constexpr int kGroup = 8;  // blocks per superblock, each with its index j known when compiled
+  static constexpr size_t kSuperBytes = D == DType::Q4_K ? 144 : 210;
+  const uint8_t* rows;  // the panel's first row
+  size_t rowBytes;
+  int cols;  // rows present (the rest read as row 0 and are not stored)
+  SuperBlock* s;
+
+  void begin(int b) const {
+    for (int c = 0; c < kQPanel; c++) s->at[c] = rows + rowBytes * (c < cols ? c : 0) + kSuperBytes * static_cast<size_t>(b / 8);
+    float mins[kQPanel][8];
+    for (int c = 0; c < kQPanel; c++) {
+      const uint8_t* sb = s->at[c];
+      if (D == DType::Q4_K) {
+        uint64_t sc, mn;
+        scaleBytesK4(sb + 4, &sc, &mn);
+        _mm256_store_ps(s->scale[c], _mm256_mul_ps(_mm256_set1_ps(f16At(sb)), bytesToFloats(sc)));
+        _mm256_storeu_ps(mins[c], _mm256_mul_ps(_mm256_set1_ps(f16At(sb + 2)), bytesToFloats(mn)));
+      } else {
+        const __m256 d = _mm256_set1_ps(f16At(sb + 208));
+        for (int h = 0; h < 2; h++) {
+          const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 192 + 8 * h));
+          _mm256_store_ps(s->scale[c] + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        }
+      }
+    }
+    for (int j = 0; j < 8; j++)
+      for (int c = 0; c < kQPanel; c++) s->min[j][c] = D == DType::Q4_K ? -mins[c][j] : 0.0f;
+  }
+  // Column c's 32 quants of block j, as unpackQ4K/unpackQ6K store them.
+  template <int J>
+  __m256i quants(int c) const {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    if (D == DType::Q4_K) {
+      const __m256i v = load32(s->at[c] + 16 + 32 * (J / 2));
+      return _mm256_and_si256(J % 2 ? _mm256_srli_epi16(v, 4) : v, low);
+    }
+    constexpr int n = J / 4, k = J % 4;
+    const __m256i l = load32(s->at[c] + 64 * n + 32 * (k % 2)), h = load32(s->at[c] + 128 + 32 * n);
+    const __m256i lo = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), low);
+    const __m256i hs = k == 0 ? _mm256_slli_epi16(h, 4) : k == 1 ? _mm256_slli_epi16(h, 2) : k == 2 ? h : _mm256_srli_epi16(h, 2);
+    const __m256i v = _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
+    return signedForDot(_mm256_sub_epi8(v, _mm256_set1_epi8(32)));
+  }
+  // Block j's lane scales for vector v: per column, Q4_K's one scale in all 8 lanes, or Q6_K's
+  // two (lanes 0–3, 4–7); one permute picks them from the decoded floats.
+  template <int J>
+  static constexpr int scaleAt(int lane) { return D == DType::Q4_K ? J : 2 * J + lane / 4; }
+  template <int J>
+  void block(int, std::integral_constant<int, J>, int v, VI* w, VF* dv) const {
+    const int c = kColsPerVec * v;
+#ifdef WEFT_QUANT_VNNI
+    *w = _mm512_inserti64x4(_mm512_castsi256_si512(quants<J>(c)), quants<J>(c + 1), 1);
+    const __m512i idx = _mm512_setr_epi32(scaleAt<J>(0), scaleAt<J>(1), scaleAt<J>(2), scaleAt<J>(3), scaleAt<J>(4), scaleAt<J>(5), scaleAt<J>(6), scaleAt<J>(7),
+                                          16 + scaleAt<J>(0), 16 + scaleAt<J>(1), 16 + scaleAt<J>(2), 16 + scaleAt<J>(3), 16 + scaleAt<J>(4),
+                                          16 + scaleAt<J>(5), 16 + scaleAt<J>(6), 16 + scaleAt<J>(7));
+    *dv = _mm512_permutex2var_ps(_mm512_load_ps(s->scale[c]), idx, _mm512_load_ps(s->scale[c + 1]));
+#else
+    *w = quants<J>(c);
+    constexpr int base = scaleAt<J>(0) / 8 * 8;  // Q6_K's blocks 4–7 take scales 8–15
+    const __m256i idx = _mm256_setr_epi32(scaleAt<J>(0) - base, scaleAt<J>(1) - base, scaleAt<J>(2) - base, scaleAt<J>(3) - base, scaleAt<J>(4) - base,
+                                          scaleAt<J>(5) - base, scaleAt<J>(6) - base, scaleAt<J>(7) - base);
+    *dv = _mm256_permutevar8x32_ps(_mm256_load_ps(s->scale[c] + base), idx);
+#endif
+  }
+  template <int J>
+  __m128 mins(int, std::integral_constant<int, J>) const { return _mm_load_ps(s->min[J]); }
+  // At a superblock's first block, that superblock of the rows kPrefetchPanels panels ahead.
+  template <int J>
+  void prefetch(int, std::integral_constant<int, J>) const {
+    if (J != 0) return;
+    for (int c = 0; c < kQPanel; c++)
+      for (size_t at = 0; at < kSuperBytes + 63; at += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(s->at[c] + rowBytes * kQPanel * kPrefetchPanels + at), _MM_HINT_T1);
+  }
+};
+
+// Calls f(integral_constant<int, J>) for J = 0, 1, ...: a group's blocks unrolled, each
+// with its index within the group known when compiled.
+template <typename F, int... J>
+__attribute__((always_inline)) inline void forEachIndex(std::integer_sequence<int, J...>, F&& f) {
+  (f(std::integral_constant<int, J>{}), ...);
+}
 
 // y[r, c] for R activation rows (x: row r's blocks at x + r·nb) × the panel's
 // first `cols` columns (y: row stride N). Per output: the lane chains of quant.h,
@@ -255,20 +374,24 @@ void tile(const Source& p, const QuantActBlock* x, int nb, float* y, int N, int 
     for (int v = 0; v < kVecs; v++) acc[r][v] = zeroF();
     macc[r] = _mm_setzero_ps();
   }
-  for (int b = 0; b < nb; b++) {
-    VI w[kVecs];
-    VF dv[kVecs];
-    for (int v = 0; v < kVecs; v++) p.block(b, v, &w[v], &dv[v]);
-    p.prefetch(b);
-    const __m128 m = Mins ? p.mins(b) : _mm_setzero_ps();
-    for (int r = 0; r < R; r++) {
-      const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
-      const VI xv = loadX(xb.q);
-      const VI start = Mins ? VI{} : chainStart(xv);  // the types with a min are unsigned
-      const VF xd = set1(xb.d);
-      for (int v = 0; v < kVecs; v++) acc[r][v] = fmadd(cvt(dot(start, w[v], xv)), mul(dv[v], xd), acc[r][v]);
-      if (Mins) macc[r] = _mm_fmadd_ps(m, _mm_set1_ps(xb.s), macc[r]);
-    }
+  for (int b0 = 0; b0 < nb; b0 += Source::kGroup) {
+    p.begin(b0);
+    forEachIndex(std::make_integer_sequence<int, Source::kGroup>{}, [&](auto j) __attribute__((always_inline)) {
+      const int b = b0 + j;
+      VI w[kVecs];
+      VF dv[kVecs];
+      for (int v = 0; v < kVecs; v++) p.block(b, j, v, &w[v], &dv[v]);
+      p.prefetch(b, j);
+      const __m128 m = Mins ? p.mins(b, j) : _mm_setzero_ps();
+      for (int r = 0; r < R; r++) {
+        const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
+        const VI xv = loadX(xb.q);
+        const VI start = Mins ? VI{} : chainStart(xv);  // the types with a min are unsigned
+        const VF xd = set1(xb.d);
+        for (int v = 0; v < kVecs; v++) acc[r][v] = fmadd(cvt(dot(start, w[v], xv)), mul(dv[v], xd), acc[r][v]);
+        if (Mins) macc[r] = _mm_fmadd_ps(m, _mm_set1_ps(xb.s), macc[r]);
+      }
+    });
   }
   for (int r = 0; r < R; r++) {
     float mins[kQPanel];
@@ -337,6 +460,20 @@ void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
 }
 #endif
 
+namespace {
+// Steps of at most one row tile read Q8_0, Q4_K and Q6_K in place: a panel's unpacking
+// would serve too few rows to pay for its stores. False for the other types.
+bool inPlace(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, int T, int nb, float* y, int N) {
+  static thread_local SuperBlock scales;
+  switch (d) {
+    case DType::Q8_0: panelRows<false>(Q8Source{rows, rowBytes, cols}, x, T, nb, y, N, cols); return true;
+    case DType::Q4_K: panelRows<true>(KSource<DType::Q4_K>{rows, rowBytes, cols, &scales}, x, T, nb, y, N, cols); return true;
+    case DType::Q6_K: panelRows<false>(KSource<DType::Q6_K>{rows, rowBytes, cols, &scales}, x, T, nb, y, N, cols); return true;
+    default: return false;
+  }
+}
+}  // namespace
+
 void WEFT_QUANT_MATMUL(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
   const int nb = w.K / kQBlock;
   static thread_local std::vector<int8_t> q;
@@ -350,10 +487,7 @@ void WEFT_QUANT_MATMUL(const QuantActBlock* x, int T, const PackedMatrix& w, flo
   for (int n = n0; n < n1; n += kQPanel) {
     const int cols = std::min(kQPanel, n1 - n);
     const uint8_t* rows = static_cast<const uint8_t*>(w.data) + rowBytes * n;
-    if (w.dtype == DType::Q8_0 && T <= kTileRows) {
-      panelRows<false>(Q8Source{rows, rowBytes, cols}, x, T, nb, y + n, w.N, cols);
-      continue;
-    }
+    if (T <= kTileRows && inPlace(w.dtype, rows, rowBytes, cols, x, T, nb, y + n, w.N)) continue;
     unpackPanel(w.dtype, rows, rowBytes, w.K, cols, panel);
     if (mins) panelRows<true>(PanelSource{panel}, x, T, nb, y + n, w.N, cols);
     else panelRows<false>(PanelSource{panel}, x, T, nb, y + n, w.N, cols);

@@ -6,7 +6,8 @@
 // 32-element block to int8 with one fp32 scale (as llama.cpp's q8_0/q8_1 do).
 // Weight rows are unpacked into L1 to int8 values in 32-element blocks with
 // eight fp32 lane scales and a "min" coefficient; every row of the step is then
-// dotted against the unpacked rows. Only the integer lane sums may be computed
+// dotted against the unpacked rows (steps of one row tile read Q8_0, Q4_K and Q6_K
+// in place instead, to the same values). Only the integer lane sums may be computed
 // differently (the VNNI set stores signed weights as w + 128 and starts each
 // sum at −128·Σx): they are exact, so every set gives the same bits. The amx
 // set's Q8_0 kernel alone has another order (matmulQuantAmx).

@@ -110,18 +110,29 @@ function laneOrderSets(): string[] {
   return sets;
 }
 
-/** The probe's logits (all tokens batched) with WEFT_ISA forced, in a child process (the set is chosen once per process). */
-function probeInChild(file: string, isa: string): Float32Array[] {
+/** How many tokens a forced set also runs one step each: every set's few-row path (it reads some types in place) against its batched one. */
+const ALONE_IN_CHILD = 3;
+
+/**
+ * The probe's logits with WEFT_ISA forced, in a child process (the set is chosen once per process):
+ * all tokens as one batch, and the first ALONE_IN_CHILD tokens each alone.
+ */
+function probeInChild(file: string, isa: string): { batched: Float32Array[]; alone: Float32Array[] } {
   const code = `
     import { loadCheckpoint } from ${JSON.stringify(path.join(here, "..", "src", "model", "checkpoint.js"))};
     import { ModelRunner } from ${JSON.stringify(path.join(here, "..", "src", "runtime", "model-runner.js"))};
     const r = await ModelRunner.create(loadCheckpoint(${JSON.stringify(file)}), { numBlocks: 64, blockSize: 16 });
-    const reqs = Array.from({ length: ${ROWS} }, (_, i) => ({ tokenIds: [i], startPosition: 0, blockTable: [i], sample: null, allLogits: true }));
-    const out = await r.execute(reqs);
+    const req = (t, i) => ({ tokenIds: [t], startPosition: 0, blockTable: [i], sample: null, allLogits: true });
+    const b64 = (l) => Buffer.from(l.buffer, l.byteOffset, l.byteLength).toString("base64");
+    const batched = (await r.execute(Array.from({ length: ${ROWS} }, (_, i) => req(i, i)))).logits.map(b64);
+    const alone = [];
+    for (let t = 0; t < ${ALONE_IN_CHILD}; t++) alone.push(b64((await r.execute([req(t, 0)])).logits[0]));
     await r.dispose();
-    process.stdout.write(JSON.stringify(out.logits.map((l) => Buffer.from(l.buffer, l.byteOffset, l.byteLength).toString("base64"))));`;
+    process.stdout.write(JSON.stringify({ batched, alone }));`;
   const json = execFileSync(process.execPath, ["--input-type=module", "-e", code], { env: { ...process.env, WEFT_ISA: isa }, encoding: "utf8", maxBuffer: 1 << 26 });
-  return (JSON.parse(json) as string[]).map((b) => new Float32Array(new Uint8Array(Buffer.from(b, "base64")).buffer));
+  const out = JSON.parse(json) as { batched: string[]; alone: string[] };
+  const floats = (b: string) => new Float32Array(new Uint8Array(Buffer.from(b, "base64")).buffer);
+  return { batched: out.batched.map(floats), alone: out.alone.map(floats) };
 }
 
 for (const [k, type] of QUANT_TYPES.entries()) {
@@ -142,7 +153,11 @@ for (const [k, type] of QUANT_TYPES.entries()) {
 
     // The sets that share quant.h's lane order give the same bits; each is within the bounds.
     const laneSets = laneOrderSets();
-    const byLane = laneSets.map((isa) => probeInChild(file, isa));
+    const byLane = laneSets.map((isa) => {
+      const { batched: got, alone: gotAlone } = probeInChild(file, isa);
+      gotAlone.forEach((l, t) => assert.ok(l.every((v, j) => Object.is(v, got[t]![j])), `${type}: WEFT_ISA=${isa}: token ${t} differs alone and in a batch of ${ROWS}`));
+      return got;
+    });
     byLane.forEach((got, i) => {
       checkAgainstFp64(type, laneSets[i]!, got, wd, embed, tokens);
       for (const t of tokens) assert.ok(got[t]!.every((v, j) => Object.is(v, byLane[0]![t]![j])), `${type}: WEFT_ISA=${laneSets[i]} differs from ${laneSets[0]} on token ${t}`);
@@ -150,7 +165,7 @@ for (const [k, type] of QUANT_TYPES.entries()) {
     // The AMX set (in use above unless WEFT_ISA says otherwise, else run in a child) has its own
     // order for Q8_0 only (kernels_quant_amx.cpp), within the bounds; its other types are the VNNI kernel's bits.
     if (loadNative().cpuFeatures().amx) {
-      const amx = loadNative().isa() === "amx" ? batched : probeInChild(file, "amx");
+      const amx = loadNative().isa() === "amx" ? batched : probeInChild(file, "amx").batched;
       if (amx !== batched) checkAgainstFp64(type, "amx", amx, wd, embed, tokens);
       if (type !== "Q8_0") for (const t of tokens) assert.ok(amx[t]!.every((v, j) => Object.is(v, byLane[0]![t]![j])), `${type}: amx differs from ${laneSets[0]} on token ${t}`);
     } else {
