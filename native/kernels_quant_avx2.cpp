@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <utility>
+#include <type_traits>
 #include <vector>
 #include "quant.h"
 
@@ -138,6 +138,12 @@ struct Panel {
 // 14 GB/s on the AMX development host, and 22–25 GB/s with it (2 threads).
 constexpr int kPrefetchPanels = 2;
 
+// A function whose only effect is a prefetch is found `const` by GCC 12's IPA analysis,
+// and a call to it that was not inlined early is then deleted as dead: the prefetching
+// methods below vanished from the tile loop (which the always_inline helpers inline
+// first). Forcing them inline too keeps the prefetches.
+#define WEFT_PREFETCH_INLINE __attribute__((always_inline)) inline
+
 // Asks for [p, p + bytes) into L2; a prefetch past the mapping is dropped, never a fault.
 inline void prefetchL2(const uint8_t* p, size_t bytes) {
   for (size_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at), _MM_HINT_T1);
@@ -244,8 +250,9 @@ struct Q8Source {
   }
   __m128 mins(int, std::integral_constant<int, 0>) const { return _mm_setzero_ps(); }
   void begin(int) const {}
-  // Block b of the rows kPrefetchPanels panels ahead (see kPrefetchPanels).
-  void prefetch(int b, std::integral_constant<int, 0>) const {
+  // Block b of the rows kPrefetchPanels panels ahead (see kPrefetchPanels). Inlined early:
+  // see WEFT_PREFETCH_INLINE.
+  WEFT_PREFETCH_INLINE void prefetch(int b, std::integral_constant<int, 0>) const {
     const uint8_t* ahead = rows + rowBytes * kQPanel * kPrefetchPanels + 34 * static_cast<size_t>(b);
     for (int i = 0; i < kQPanel; i++) _mm_prefetch(reinterpret_cast<const char*>(ahead + rowBytes * i), _MM_HINT_T1);
   }
@@ -348,7 +355,7 @@ struct KSource {
   __m128 mins(int, std::integral_constant<int, J>) const { return _mm_load_ps(s->min[J]); }
   // At a superblock's first block, that superblock of the rows kPrefetchPanels panels ahead.
   template <int J>
-  void prefetch(int, std::integral_constant<int, J>) const {
+  WEFT_PREFETCH_INLINE void prefetch(int, std::integral_constant<int, J>) const {
     if (J != 0) return;
     for (int c = 0; c < kQPanel; c++)
       for (size_t at = 0; at < kSuperBytes + 63; at += 64)
@@ -356,16 +363,38 @@ struct KSource {
   }
 };
 
-// Calls f(integral_constant<int, J>) for J = 0, 1, ...: a group's blocks unrolled, each
-// with its index within the group known when compiled.
-template <typename F, int... J>
-__attribute__((always_inline)) inline void forEachIndex(std::integer_sequence<int, J...>, F&& f) {
-  (f(std::integral_constant<int, J>{}), ...);
+// Block b of the tile loop, block J of its group: its weights, then every row's dots
+// (the lane chains of quant.h, and the min chain, kept per column in one 4-float vector).
+template <int J, int R, bool Mins, typename Source>
+__attribute__((always_inline)) inline void tileBlock(const Source& p, const QuantActBlock* x, int nb, int b, VF (&acc)[R][kVecs], __m128 (&macc)[R]) {
+  const std::integral_constant<int, J> j;
+  VI w[kVecs];
+  VF dv[kVecs];
+  for (int v = 0; v < kVecs; v++) p.block(b, j, v, &w[v], &dv[v]);
+  p.prefetch(b, j);
+  const __m128 m = Mins ? p.mins(b, j) : _mm_setzero_ps();
+  for (int r = 0; r < R; r++) {
+    const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
+    const VI xv = loadX(xb.q);
+    const VI start = Mins ? VI{} : chainStart(xv);  // the types with a min are unsigned
+    const VF xd = set1(xb.d);
+    for (int v = 0; v < kVecs; v++) acc[r][v] = fmadd(cvt(dot(start, w[v], xv)), mul(dv[v], xd), acc[r][v]);
+    if (Mins) macc[r] = _mm_fmadd_ps(m, _mm_set1_ps(xb.s), macc[r]);
+  }
+}
+
+// Blocks J, J + 1, ... of the group starting at b0, each with its index known when compiled.
+template <int J, int R, bool Mins, typename Source>
+__attribute__((always_inline)) inline void tileGroup(const Source& p, const QuantActBlock* x, int nb, int b0, VF (&acc)[R][kVecs], __m128 (&macc)[R]) {
+  if constexpr (J < Source::kGroup) {
+    tileBlock<J, R, Mins>(p, x, nb, b0 + J, acc, macc);
+    tileGroup<J + 1, R, Mins>(p, x, nb, b0, acc, macc);
+  }
 }
 
 // y[r, c] for R activation rows (x: row r's blocks at x + r·nb) × the panel's
 // first `cols` columns (y: row stride N). Per output: the lane chains of quant.h,
-// then its tree, plus the min chain (kept per column in one 4-float vector).
+// then its tree, plus the min chain.
 template <int R, bool Mins, typename Source>
 void tile(const Source& p, const QuantActBlock* x, int nb, float* y, int N, int cols) {
   VF acc[R][kVecs];
@@ -376,22 +405,7 @@ void tile(const Source& p, const QuantActBlock* x, int nb, float* y, int N, int 
   }
   for (int b0 = 0; b0 < nb; b0 += Source::kGroup) {
     p.begin(b0);
-    forEachIndex(std::make_integer_sequence<int, Source::kGroup>{}, [&](auto j) __attribute__((always_inline)) {
-      const int b = b0 + j;
-      VI w[kVecs];
-      VF dv[kVecs];
-      for (int v = 0; v < kVecs; v++) p.block(b, j, v, &w[v], &dv[v]);
-      p.prefetch(b, j);
-      const __m128 m = Mins ? p.mins(b, j) : _mm_setzero_ps();
-      for (int r = 0; r < R; r++) {
-        const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
-        const VI xv = loadX(xb.q);
-        const VI start = Mins ? VI{} : chainStart(xv);  // the types with a min are unsigned
-        const VF xd = set1(xb.d);
-        for (int v = 0; v < kVecs; v++) acc[r][v] = fmadd(cvt(dot(start, w[v], xv)), mul(dv[v], xd), acc[r][v]);
-        if (Mins) macc[r] = _mm_fmadd_ps(m, _mm_set1_ps(xb.s), macc[r]);
-      }
-    });
+    tileGroup<0, R, Mins>(p, x, nb, b0, acc, macc);
   }
   for (int r = 0; r < R; r++) {
     float mins[kQPanel];
