@@ -58,54 +58,94 @@ void unpackQ8_0(const uint8_t* src, int K, UnpackedRow r) {  // r by value: its 
   }
 }
 
-// The 6-bit scales and mins (ggml's get_scale_min_k4) of one Q4_K superblock.
-void scalesK4(const uint8_t* q, int* sc, int* m) {
-  for (int j = 0; j < 8; j++) {
-    if (j < 4) {
-      sc[j] = q[j] & 63;
-      m[j] = q[j + 4] & 63;
-    } else {
-      sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-      m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-  }
+// The K-quant formats, decoded once here for both readers: the panel unpacking below
+// and KSource's in-place reads, which must produce the same values.
+
+// The eight 6-bit scales and mins of a Q4_K superblock (ggml's get_scale_min_k4), as bytes:
+// scales 0–3 and mins 0–3 are the low 6 bits of bytes 0–3 and 4–7; scales and mins 4–7 take
+// their low 4 bits from bytes 8–11 and their top 2 from the top bits of bytes 0–3 and 4–7.
+inline void scaleBytesK4(const uint8_t* q, uint64_t* sc, uint64_t* mn) {
+  uint32_t a, b, c;
+  std::memcpy(&a, q, 4);
+  std::memcpy(&b, q + 4, 4);
+  std::memcpy(&c, q + 8, 4);
+  const uint32_t top = 0x03030303, low4 = 0x0F0F0F0F, low6 = 0x3F3F3F3F;
+  *sc = (a & low6) | static_cast<uint64_t>((c & low4) | ((a >> 6) & top) << 4) << 32;
+  *mn = (b & low6) | static_cast<uint64_t>(((c >> 4) & low4) | ((b >> 6) & top) << 4) << 32;
+}
+
+inline __m256 bytesToFloats(uint64_t v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v)))); }
+
+// A Q4_K superblock's block scales d·sc[j] and min terms −dmin·m[j] ((−dmin)·m is that exactly), j < 8.
+inline void q4kScales(const uint8_t* sb, __m256* scale, __m256* min) {
+  uint64_t sc, mn;
+  scaleBytesK4(sb + 4, &sc, &mn);
+  *scale = _mm256_mul_ps(_mm256_set1_ps(f16At(sb)), bytesToFloats(sc));
+  *min = _mm256_mul_ps(_mm256_set1_ps(-f16At(sb + 2)), bytesToFloats(mn));
+}
+
+// Block 2i + High of a Q4_K superblock from its quant bytes 32i..32i+31: their low or high nibbles.
+template <bool High>
+inline __m256i q4kQuants(__m256i v) {
+  return _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+}
+
+// A Q6_K superblock's sixteen scales d·sc[i], lanes 0–7 and 8–15.
+inline void q6kScales(const uint8_t* sb, __m256* lo, __m256* hi) {
+  const __m256 d = _mm256_set1_ps(f16At(sb + 208));
+  const auto half = [&](int h) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 192 + 8 * h))))); };
+  *lo = half(0);
+  *hi = half(1);
+}
+
+// Block K (0–3) of a Q6_K half superblock, as the dot takes it: its 4 low bits from `l` (the
+// half's first 32 low-bit bytes for even K, the next 32 for odd; low nibbles for K < 2, high
+// for K ≥ 2), its 2 high bits from the half's 32 high-bit bytes `h`, minus 32.
+template <int K>
+inline __m256i q6kQuants(__m256i l, __m256i h) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_and_si256(K < 2 ? l : _mm256_srli_epi16(l, 4), low);
+  const __m256i hs = K == 0 ? _mm256_slli_epi16(h, 4) : K == 1 ? _mm256_slli_epi16(h, 2) : K == 2 ? h : _mm256_srli_epi16(h, 2);
+  const __m256i v = _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
+  return signedForDot(_mm256_sub_epi8(v, _mm256_set1_epi8(32)));
 }
 
 void unpackQ4K(const uint8_t* src, int K, UnpackedRow r) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
   for (int sb = 0; sb < K / 256; sb++, src += 144) {
-    const float d = f16At(src), dmin = f16At(src + 2);
-    int sc[8], mi[8];
-    scalesK4(src + 4, sc, mi);
+    __m256 scale, min;
+    q4kScales(src, &scale, &min);
+    alignas(32) float sc[8], mi[8];
+    _mm256_store_ps(sc, scale);
+    _mm256_store_ps(mi, min);
     for (int j = 0; j < 4; j++) {
       const __m256i v = load32(src + 16 + 32 * j);
-      store32(blockQ(r, 8 * sb + 2 * j), _mm256_and_si256(v, low));
-      store32(blockQ(r, 8 * sb + 2 * j + 1), _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+      store32(blockQ(r, 8 * sb + 2 * j), q4kQuants<false>(v));
+      store32(blockQ(r, 8 * sb + 2 * j + 1), q4kQuants<true>(v));
     }
     for (int j = 0; j < 8; j++) {
-      _mm256_storeu_ps(blockDv(r, 8 * sb + j), _mm256_set1_ps(d * sc[j]));
-      r.m[r.step * (8 * sb + j)] = -(dmin * mi[j]);
+      _mm256_storeu_ps(blockDv(r, 8 * sb + j), _mm256_set1_ps(sc[j]));
+      r.m[r.step * (8 * sb + j)] = mi[j];
     }
   }
 }
 
 void unpackQ6K(const uint8_t* src, int K, UnpackedRow r) {
-  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
   for (int sb = 0; sb < K / 256; sb++, src += 210) {
-    const float d = f16At(src + 208);
+    alignas(32) float sc[16];
+    __m256 lo, hi;
+    q6kScales(src, &lo, &hi);
+    _mm256_store_ps(sc, lo);
+    _mm256_store_ps(sc + 8, hi);
     for (int n = 0; n < 2; n++) {
       const __m256i l0 = load32(src + 64 * n), l1 = load32(src + 64 * n + 32), h = load32(src + 128 + 32 * n);
       const int b0 = 8 * sb + 4 * n;
-      const __m256i lo0 = _mm256_and_si256(l0, low), lo1 = _mm256_and_si256(l1, low);
-      const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(l0, 4), low), hi1 = _mm256_and_si256(_mm256_srli_epi16(l1, 4), low);
-      auto put = [&](int k, __m256i v) { store32(blockQ(r, b0 + k), signedForDot(_mm256_sub_epi8(v, bias))); };
-      put(0, _mm256_or_si256(lo0, _mm256_and_si256(_mm256_slli_epi16(h, 4), two)));
-      put(1, _mm256_or_si256(lo1, _mm256_and_si256(_mm256_slli_epi16(h, 2), two)));
-      put(2, _mm256_or_si256(hi0, _mm256_and_si256(h, two)));
-      put(3, _mm256_or_si256(hi1, _mm256_and_si256(_mm256_srli_epi16(h, 2), two)));
-      const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192 + 8 * n);
+      store32(blockQ(r, b0), q6kQuants<0>(l0, h));
+      store32(blockQ(r, b0 + 1), q6kQuants<1>(l1, h));
+      store32(blockQ(r, b0 + 2), q6kQuants<2>(l0, h));
+      store32(blockQ(r, b0 + 3), q6kQuants<3>(l1, h));
       for (int k = 0; k < 4; k++) {
-        _mm256_storeu_ps(blockDv(r, b0 + k), _mm256_set_m128(_mm_set1_ps(d * sc[2 * k + 1]), _mm_set1_ps(d * sc[2 * k])));
+        const float* s2 = sc + 8 * n + 2 * k;  // block b0 + k's two 16-input scales: lanes 0–3, 4–7
+        _mm256_storeu_ps(blockDv(r, b0 + k), _mm256_set_m128(_mm_set1_ps(s2[1]), _mm_set1_ps(s2[0])));
         r.m[r.step * (b0 + k)] = 0.0f;
       }
     }
@@ -258,21 +298,6 @@ struct Q8Source {
   }
 };
 
-// The eight 6-bit scales and mins of a Q4_K superblock (ggml's get_scale_min_k4), as bytes:
-// scales 0–3 and mins 0–3 are the low 6 bits of bytes 0–3 and 4–7; scales and mins 4–7 take
-// their low 4 bits from bytes 8–11 and their top 2 from the top bits of bytes 0–3 and 4–7.
-inline void scaleBytesK4(const uint8_t* q, uint64_t* sc, uint64_t* mn) {
-  uint32_t a, b, c;
-  std::memcpy(&a, q, 4);
-  std::memcpy(&b, q + 4, 4);
-  std::memcpy(&c, q + 8, 4);
-  const uint32_t top = 0x03030303, low4 = 0x0F0F0F0F, low6 = 0x3F3F3F3F;
-  *sc = (a & low6) | static_cast<uint64_t>((c & low4) | ((a >> 6) & top) << 4) << 32;
-  *mn = (b & low6) | static_cast<uint64_t>(((c >> 4) & low4) | ((b >> 6) & top) << 4) << 32;
-}
-
-inline __m256 bytesToFloats(uint64_t v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v)))); }
-
 // One superblock of the panel's rows, decoded once per 256 inputs by KSource: where each
 // row's superblock starts, its scales as floats (Q4_K: d·sc[j], j < 8; Q6_K: d·sc[i], i < 16)
 // and, per block, the four columns' min terms: the values unpackQ4K/unpackQ6K write.
@@ -296,39 +321,29 @@ struct KSource {
 
   void begin(int b) const {
     for (int c = 0; c < kQPanel; c++) s->at[c] = rows + rowBytes * (c < cols ? c : 0) + kSuperBytes * static_cast<size_t>(b / 8);
-    float mins[kQPanel][8];
+    alignas(32) float mins[kQPanel][8];
     for (int c = 0; c < kQPanel; c++) {
-      const uint8_t* sb = s->at[c];
+      __m256 lo, hi;
       if (D == DType::Q4_K) {
-        uint64_t sc, mn;
-        scaleBytesK4(sb + 4, &sc, &mn);
-        _mm256_store_ps(s->scale[c], _mm256_mul_ps(_mm256_set1_ps(f16At(sb)), bytesToFloats(sc)));
-        _mm256_storeu_ps(mins[c], _mm256_mul_ps(_mm256_set1_ps(f16At(sb + 2)), bytesToFloats(mn)));
+        q4kScales(s->at[c], &lo, &hi);
+        _mm256_store_ps(mins[c], hi);
       } else {
-        const __m256 d = _mm256_set1_ps(f16At(sb + 208));
-        for (int h = 0; h < 2; h++) {
-          const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 192 + 8 * h));
-          _mm256_store_ps(s->scale[c] + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
-        }
+        q6kScales(s->at[c], &lo, &hi);
+        _mm256_store_ps(s->scale[c] + 8, hi);
       }
+      _mm256_store_ps(s->scale[c], lo);
     }
-    for (int j = 0; j < 8; j++)
-      for (int c = 0; c < kQPanel; c++) s->min[j][c] = D == DType::Q4_K ? -mins[c][j] : 0.0f;
+    if (D == DType::Q4_K)  // Q6_K has no mins (its tiles take no min chain)
+      for (int j = 0; j < 8; j++)
+        for (int c = 0; c < kQPanel; c++) s->min[j][c] = mins[c][j];
   }
-  // Column c's 32 quants of block j, as unpackQ4K/unpackQ6K store them.
+  // Column c's 32 quants of block J, as unpackQ4K/unpackQ6K store them.
   template <int J>
   __m256i quants(int c) const {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    if (D == DType::Q4_K) {
-      const __m256i v = load32(s->at[c] + 16 + 32 * (J / 2));
-      return _mm256_and_si256(J % 2 ? _mm256_srli_epi16(v, 4) : v, low);
-    }
+    const uint8_t* sb = s->at[c];
+    if (D == DType::Q4_K) return q4kQuants<J % 2 == 1>(load32(sb + 16 + 32 * (J / 2)));
     constexpr int n = J / 4, k = J % 4;
-    const __m256i l = load32(s->at[c] + 64 * n + 32 * (k % 2)), h = load32(s->at[c] + 128 + 32 * n);
-    const __m256i lo = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), low);
-    const __m256i hs = k == 0 ? _mm256_slli_epi16(h, 4) : k == 1 ? _mm256_slli_epi16(h, 2) : k == 2 ? h : _mm256_srli_epi16(h, 2);
-    const __m256i v = _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
-    return signedForDot(_mm256_sub_epi8(v, _mm256_set1_epi8(32)));
+    return q6kQuants<k>(load32(sb + 64 * n + 32 * (k % 2)), load32(sb + 128 + 32 * n));
   }
   // Block j's lane scales for vector v: per column, Q4_K's one scale in all 8 lanes, or Q6_K's
   // two (lanes 0–3, 4–7); one permute picks them from the decoded floats.
