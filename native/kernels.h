@@ -79,8 +79,8 @@ using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, 
 // weight row is unpacked once and reused by every row t; integer dot products
 // per 4 inputs, fp32 accumulation in the fixed order quant.h spells out, which
 // every kernel set follows (bit-identical across sets and batch-invariant), except
-// the amx set's Q8_0: AMX-INT8 tiles in their own fixed order (kernels_quant_amx.cpp),
-// batch-invariant too.
+// the amx set's Q8_0, Q4_K and Q6_K: AMX-INT8 tiles in their own fixed order
+// (kernels_quant_amx.cpp), batch-invariant too.
 struct QuantActBlock;
 using MatmulQuantFn = void (*)(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 // The quantized matmul for a kernel set: vpdpbusd (AVX512-VNNI) for the AVX-512

@@ -25,13 +25,10 @@
 #pragma GCC target("avx2,fma,f16c")
 #define WEFT_QUANT_MATMUL matmulQuantAvx2
 #endif
+#include "kquant_blocks.h"
 
 namespace weft {
 namespace {
-
-inline float f16At(const uint8_t* p) {
-  return _cvtsh_ss(static_cast<unsigned short>(p[0] | p[1] << 8));
-}
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void store32(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
@@ -58,69 +55,29 @@ void unpackQ8_0(const uint8_t* src, int K, UnpackedRow r) {  // r by value: its 
   }
 }
 
-// The K-quant formats, decoded once here for both readers: the panel unpacking below
-// and KSource's in-place reads, which must produce the same values.
-
-// The eight 6-bit scales and mins of a Q4_K superblock (ggml's get_scale_min_k4), as bytes:
-// scales 0–3 and mins 0–3 are the low 6 bits of bytes 0–3 and 4–7; scales and mins 4–7 take
-// their low 4 bits from bytes 8–11 and their top 2 from the top bits of bytes 0–3 and 4–7.
-inline void scaleBytesK4(const uint8_t* q, uint64_t* sc, uint64_t* mn) {
-  uint32_t a, b, c;
-  std::memcpy(&a, q, 4);
-  std::memcpy(&b, q + 4, 4);
-  std::memcpy(&c, q + 8, 4);
-  const uint32_t top = 0x03030303, low4 = 0x0F0F0F0F, low6 = 0x3F3F3F3F;
-  *sc = (a & low6) | static_cast<uint64_t>((c & low4) | ((a >> 6) & top) << 4) << 32;
-  *mn = (b & low6) | static_cast<uint64_t>(((c >> 4) & low4) | ((b >> 6) & top) << 4) << 32;
-}
-
-inline __m256 bytesToFloats(uint64_t v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v)))); }
-
-// A Q4_K superblock's block scales d·sc[j] and min terms −dmin·m[j] ((−dmin)·m is that exactly), j < 8.
-inline void q4kScales(const uint8_t* sb, __m256* scale, __m256* min) {
-  uint64_t sc, mn;
-  scaleBytesK4(sb + 4, &sc, &mn);
-  *scale = _mm256_mul_ps(_mm256_set1_ps(f16At(sb)), bytesToFloats(sc));
-  *min = _mm256_mul_ps(_mm256_set1_ps(-f16At(sb + 2)), bytesToFloats(mn));
-}
-
-// Block 2i + High of a Q4_K superblock from its quant bytes 32i..32i+31: their low or high nibbles.
-template <bool High>
-inline __m256i q4kQuants(__m256i v) {
-  return _mm256_and_si256(High ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
-}
-
-// A Q6_K superblock's sixteen scales d·sc[i], lanes 0–7 and 8–15.
-inline void q6kScales(const uint8_t* sb, __m256* lo, __m256* hi) {
-  const __m256 d = _mm256_set1_ps(f16At(sb + 208));
-  const auto half = [&](int h) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + 192 + 8 * h))))); };
-  *lo = half(0);
-  *hi = half(1);
-}
-
-// Block K (0–3) of a Q6_K half superblock, as the dot takes it: its 4 low bits from `l` (the
-// half's first 32 low-bit bytes for even K, the next 32 for odd; low nibbles for K < 2, high
-// for K ≥ 2), its 2 high bits from the half's 32 high-bit bytes `h`, minus 32.
+// Block K (0–3) of a Q6_K half superblock as the dot takes it (q6kBits − 32, signedForDot).
 template <int K>
 inline __m256i q6kQuants(__m256i l, __m256i h) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const __m256i lo = _mm256_and_si256(K < 2 ? l : _mm256_srli_epi16(l, 4), low);
-  const __m256i hs = K == 0 ? _mm256_slli_epi16(h, 4) : K == 1 ? _mm256_slli_epi16(h, 2) : K == 2 ? h : _mm256_srli_epi16(h, 2);
-  const __m256i v = _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
-  return signedForDot(_mm256_sub_epi8(v, _mm256_set1_epi8(32)));
+  return signedForDot(_mm256_sub_epi8(__m256i(q6kBits<K>(U8x32(l), U8x32(h))), _mm256_set1_epi8(32)));
+}
+
+// Block 2i + High of a Q4_K superblock from its quant bytes 32i..32i+31.
+template <bool High>
+inline __m256i q4kWeights(__m256i v) {
+  return __m256i(q4kQuants<High>(U8x32(v)));
 }
 
 void unpackQ4K(const uint8_t* src, int K, UnpackedRow r) {
-  for (int sb = 0; sb < K / 256; sb++, src += 144) {
+  for (int sb = 0; sb < K / 256; sb++, src += kQ4KBytes) {
     __m256 scale, min;
     q4kScales(src, &scale, &min);
     alignas(32) float sc[8], mi[8];
     _mm256_store_ps(sc, scale);
     _mm256_store_ps(mi, min);
     for (int j = 0; j < 4; j++) {
-      const __m256i v = load32(src + 16 + 32 * j);
-      store32(blockQ(r, 8 * sb + 2 * j), q4kQuants<false>(v));
-      store32(blockQ(r, 8 * sb + 2 * j + 1), q4kQuants<true>(v));
+      const __m256i v = load32(src + kQ4KQuants + 32 * j);
+      store32(blockQ(r, 8 * sb + 2 * j), q4kWeights<false>(v));
+      store32(blockQ(r, 8 * sb + 2 * j + 1), q4kWeights<true>(v));
     }
     for (int j = 0; j < 8; j++) {
       _mm256_storeu_ps(blockDv(r, 8 * sb + j), _mm256_set1_ps(sc[j]));
@@ -130,14 +87,14 @@ void unpackQ4K(const uint8_t* src, int K, UnpackedRow r) {
 }
 
 void unpackQ6K(const uint8_t* src, int K, UnpackedRow r) {
-  for (int sb = 0; sb < K / 256; sb++, src += 210) {
+  for (int sb = 0; sb < K / 256; sb++, src += kQ6KBytes) {
     alignas(32) float sc[16];
     __m256 lo, hi;
     q6kScales(src, &lo, &hi);
     _mm256_store_ps(sc, lo);
     _mm256_store_ps(sc + 8, hi);
     for (int n = 0; n < 2; n++) {
-      const __m256i l0 = load32(src + 64 * n), l1 = load32(src + 64 * n + 32), h = load32(src + 128 + 32 * n);
+      const __m256i l0 = load32(src + 64 * n), l1 = load32(src + 64 * n + 32), h = load32(src + kQ6KHigh + 32 * n);
       const int b0 = 8 * sb + 4 * n;
       store32(blockQ(r, b0), q6kQuants<0>(l0, h));
       store32(blockQ(r, b0 + 1), q6kQuants<1>(l1, h));
@@ -313,7 +270,7 @@ struct SuperBlock {
 template <DType D>
 struct KSource {
   static constexpr int kGroup = 8;  // blocks per superblock, each with its index j known when compiled
-  static constexpr size_t kSuperBytes = D == DType::Q4_K ? 144 : 210;
+  static constexpr size_t kSuperBytes = D == DType::Q4_K ? kQ4KBytes : kQ6KBytes;
   const uint8_t* rows;  // the panel's first row
   size_t rowBytes;
   int cols;  // rows present (the rest read as row 0 and are not stored)
@@ -341,9 +298,9 @@ struct KSource {
   template <int J>
   __m256i quants(int c) const {
     const uint8_t* sb = s->at[c];
-    if (D == DType::Q4_K) return q4kQuants<J % 2 == 1>(load32(sb + 16 + 32 * (J / 2)));
+    if (D == DType::Q4_K) return q4kWeights<J % 2 == 1>(load32(sb + kQ4KQuants + 32 * (J / 2)));
     constexpr int n = J / 4, k = J % 4;
-    return q6kQuants<k>(load32(sb + 64 * n + 32 * (k % 2)), load32(sb + 128 + 32 * n));
+    return q6kQuants<k>(load32(sb + 64 * n + 32 * (k % 2)), load32(sb + kQ6KHigh + 32 * n));
   }
   // Block j's lane scales for vector v: per column, Q4_K's one scale in all 8 lanes, or Q6_K's
   // two (lanes 0–3, 4–7); one permute picks them from the decoded floats.
