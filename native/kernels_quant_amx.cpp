@@ -157,6 +157,21 @@ __attribute__((always_inline)) inline void eachBlock(F&& f) {
   }
 }
 
+// f(sb, at, scales) for each superblock of the 16 rows (at: its byte offset in a row), its
+// scales decoded, while the rows ahead are prefetched.
+template <DType D, class F>
+__attribute__((always_inline)) inline void eachSuperblock(const Rows& p, int nb, F&& f) {
+  const int nsb = nb / 8;
+  Ahead ahead(p, nsb);
+  for (int sb = 0; sb < nsb; sb++) {
+    ahead.next();
+    const size_t at = kSuperBytes<D> * sb;
+    KScales s;
+    decodeScales<D>(p, at, s);
+    f(sb, at, s);
+  }
+}
+
 // A panel of 16 K-quant rows unpacked for the tiles: block b's quants at q + 512·b (column c's
 // 32 bytes at 32c; Q6_K as signed q − 32, its two groups the halves), scale[g] and min[b] as
 // 16 floats each.
@@ -171,12 +186,7 @@ void unpackPanel(const Rows& p, int nb, KPanel& out) {
   out.q.resize(static_cast<size_t>(nb) * kCols * kQBlock);
   out.scale.resize(static_cast<size_t>(nsb) * kGroupsPerSuper<D> * kCols);
   out.min.resize(static_cast<size_t>(nb) * kCols);
-  Ahead ahead(p, nsb);
-  for (int sb = 0; sb < nsb; sb++) {
-    ahead.next();
-    const size_t at = kSuperBytes<D> * sb;
-    KScales s;
-    decodeScales<D>(p, at, s);
+  eachSuperblock<D>(p, nb, [&](int sb, size_t at, const KScales& s) {
     for (int g = 0; g < kGroupsPerSuper<D>; g++) _mm512_storeu_ps(out.scale.data() + (static_cast<size_t>(sb) * kGroupsPerSuper<D> + g) * kCols, s.scale[g]);
     if (D == DType::Q4_K)
       for (int j = 0; j < 8; j++) _mm512_storeu_ps(out.min.data() + (8 * static_cast<size_t>(sb) + j) * kCols, s.min[j]);
@@ -189,7 +199,7 @@ void unpackPanel(const Rows& p, int nb, KPanel& out) {
         _mm512_storeu_si512(dst + 64 * v, D == DType::Q6_K ? _mm512_sub_epi8(w[v], _mm512_set1_epi8(32)) : w[v]);
     };
     eachBlock(block);
-  }
+  });
 }
 
 // An unpacked K-quant panel: the tile source of panelRows.
@@ -406,15 +416,9 @@ template <DType D, int R>
 void fewRowsK(const Rows& p, const QuantActBlock* x, int nb, float* y, int N, int cols) {
   __m512 acc[R], macc[R];
   for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm512_setzero_ps();
-  const int nsb = nb / 8;
-  Ahead ahead(p, nsb);
-  for (int sb = 0; sb < nsb; sb++) {
-    ahead.next();
-    const size_t at = kSuperBytes<D> * sb;
-    KScales s;
-    decodeScales<D>(p, at, s);
+  eachSuperblock<D>(p, nb, [&](int sb, size_t at, const KScales& s) {
     eachBlock([&](auto j) { fewRowsBlock<D, decltype(j)::value, R>(p, at, s, x, nb, 8 * sb, acc, macc); });
-  }
+  });
   for (int r = 0; r < R; r++) {
     const __m512 total = D == DType::Q4_K ? _mm512_add_ps(acc[r], macc[r]) : acc[r];
     _mm512_mask_storeu_ps(y + static_cast<size_t>(r) * N, static_cast<__mmask16>((1u << cols) - 1), total);
