@@ -35,6 +35,9 @@ namespace {
 constexpr int kCols = 16;  // output columns per panel: the rows of an A tile
 constexpr int kToks = 16;  // activation rows per B tile: its 4-byte columns
 constexpr int kQ8Bytes = 34;  // a Q8_0 block: f16 scale, 32 int8
+// The inputs of one tile product: those sharing a weight scale (Q6_K: 16, the others 32).
+template <DType D>
+constexpr int kGroupBytesOf = D == DType::Q6_K ? kQBlock / 2 : kQBlock;
 // Weight rows are asked into L1 this many panels ahead, a share of the panel per block:
 // 16 rows read a block at a time are short strided streams that the hardware
 // prefetcher does not ramp up on (see kernels_quant_avx2.cpp).
@@ -88,7 +91,7 @@ inline __m512 signedByteOf(__m512i w, int k) { return _mm512_cvtepi32_ps(_mm512_
 
 // Q8_0 rows read in place: the tile source of panelRows.
 struct Q8Panel {
-  static constexpr int kGroupBytes = kQBlock;
+  static constexpr int kGroupBytes = kGroupBytesOf<DType::Q8_0>;
   static constexpr bool kUnsigned = false;
   const Rows& p;
   const uint8_t* a(int b) const { return p.rows + static_cast<size_t>(b) * kQ8Bytes + 2; }
@@ -107,7 +110,7 @@ struct KScales {
 template <DType D>
 constexpr size_t kSuperBytes = D == DType::Q4_K ? kQ4KBytes : kQ6KBytes;
 template <DType D>
-constexpr int kGroupsPerSuper = D == DType::Q4_K ? 8 : 16;
+constexpr int kGroupsPerSuper = 256 / kGroupBytesOf<D>;
 
 // The superblock at byte `at` of every row: d·sc and −dmin·m (Q4_K), d·sc (Q6_K), the values
 // q4kScales / q6kScales give per row.
@@ -173,7 +176,7 @@ __attribute__((always_inline)) inline void eachSuperblock(const Rows& p, int nb,
 }
 
 // A panel of 16 K-quant rows unpacked for the tiles: block b's quants at q + 512·b (column c's
-// 32 bytes at 32c; Q6_K as signed q − 32, its two groups the halves), scale[g] and min[b] as
+// 32 bytes at 32c; Q6_K as signed q − kQ6KBias, its two groups the halves), scale[g] and min[b] as
 // 16 floats each.
 struct KPanel {
   std::vector<int8_t> q;
@@ -196,7 +199,7 @@ void unpackPanel(const Rows& p, int nb, KPanel& out) {
       decodeBlock<D, J>(p, at, w);
       int8_t* dst = out.q.data() + (8 * static_cast<size_t>(sb) + J) * kCols * kQBlock;
       for (int v = 0; v < 8; v++)
-        _mm512_storeu_si512(dst + 64 * v, D == DType::Q6_K ? _mm512_sub_epi8(w[v], _mm512_set1_epi8(32)) : w[v]);
+        _mm512_storeu_si512(dst + 64 * v, D == DType::Q6_K ? _mm512_sub_epi8(w[v], _mm512_set1_epi8(kQ6KBias)) : w[v]);
     };
     eachBlock(block);
   });
@@ -205,7 +208,7 @@ void unpackPanel(const Rows& p, int nb, KPanel& out) {
 // An unpacked K-quant panel: the tile source of panelRows.
 template <DType D>
 struct KPanelSource {
-  static constexpr int kGroupBytes = D == DType::Q4_K ? kQBlock : kQBlock / 2;
+  static constexpr int kGroupBytes = kGroupBytesOf<D>;
   static constexpr bool kUnsigned = D == DType::Q4_K;
   const KPanel& k;
   static constexpr int kPerBlock = kQBlock / kGroupBytes;
@@ -345,7 +348,7 @@ inline void groupSums(const __m512i* d, __m512i* lo, __m512i* hi) {
 
 // Up to kVecRows activation rows (row r's blocks at x + r·nb; y: row stride N), with
 // AVX512-VNNI rather than tiles: per group the same exact integer sums (vpdpbusd on
-// unsigned weights; signed ones as w + 128, or Q6_K's as w + 32, the chain started at
+// unsigned weights; signed ones as w + 128, or Q6_K's as w + kQ6KBias, the chain started at
 // minus that times Σx per lane) and then panelRows' fp32 operations in its order, so the
 // same bits. With this few rows a group's tile work is shared by too few of them, and tile
 // loads of 16 strided rows stream slower than these vector loads.
@@ -402,7 +405,7 @@ __attribute__((always_inline)) inline void fewRowsBlock(const Rows& p, size_t at
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(columnSums(d)), _mm512_mul_ps(s.scale[J], xd), acc[r]);
       macc[r] = _mm512_fmadd_ps(s.min[J], _mm512_set1_ps(xb.s), macc[r]);
     } else {
-      const __m512i start = chainStart(xv, 32);
+      const __m512i start = chainStart(xv, kQ6KBias);
       for (int v = 0; v < 8; v++) d[v] = _mm512_dpbusd_epi32(start, w[v], xv);
       __m512i lo, hi;
       groupSums(d, &lo, &hi);
@@ -465,7 +468,13 @@ void tileRows(DType d, const Rows& p, const ActTiles& xt, int T, float* y, int N
 }
 
 bool onTiles(DType d) { return d == DType::Q8_0 || d == DType::Q4_K || d == DType::Q6_K; }
-int groupBytes(DType d) { return d == DType::Q6_K ? kQBlock / 2 : kQBlock; }
+int groupBytes(DType d) {
+  switch (d) {
+    case DType::Q4_K: return kGroupBytesOf<DType::Q4_K>;
+    case DType::Q6_K: return kGroupBytesOf<DType::Q6_K>;
+    default: return kGroupBytesOf<DType::Q8_0>;
+  }
+}
 
 }  // namespace
 

@@ -9,7 +9,6 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 #include "quant.h"
@@ -55,10 +54,10 @@ void unpackQ8_0(const uint8_t* src, int K, UnpackedRow r) {  // r by value: its 
   }
 }
 
-// Block K (0–3) of a Q6_K half superblock as the dot takes it (q6kBits − 32, signedForDot).
+// Block K (0–3) of a Q6_K half superblock as the dot takes it (q6kBits − kQ6KBias, signedForDot).
 template <int K>
 inline __m256i q6kQuants(__m256i l, __m256i h) {
-  return signedForDot(_mm256_sub_epi8(__m256i(q6kBits<K>(U8x32(l), U8x32(h))), _mm256_set1_epi8(32)));
+  return signedForDot(_mm256_sub_epi8(__m256i(q6kBits<K>(U8x32(l), U8x32(h))), _mm256_set1_epi8(kQ6KBias)));
 }
 
 // Block 2i + High of a Q4_K superblock from its quant bytes 32i..32i+31.

@@ -19,8 +19,8 @@ namespace {
 // (bytes 32i..32i+31 hold blocks 2i and 2i + 1 of 32 inputs: low and high nibbles).
 constexpr int kQ4KBytes = 144, kQ4KScales = 4, kQ4KQuants = 16;
 // Q6_K, 210 bytes: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales (one per
-// 16 inputs), f16 d.
-constexpr int kQ6KBytes = 210, kQ6KHigh = 128, kQ6KScales = 192, kQ6KD = 208;
+// 16 inputs), f16 d. A weight is its 6-bit value − kQ6KBias.
+constexpr int kQ6KBytes = 210, kQ6KHigh = 128, kQ6KScales = 192, kQ6KD = 208, kQ6KBias = 32;
 
 // GCC vectors of bytes (any width): the decoders below are written once for 256- and
 // 512-bit registers.
@@ -69,7 +69,7 @@ inline void q6kScales(const uint8_t* sb, __m256* lo, __m256* hi) {
   *hi = half(1);
 }
 
-// Block K (0–3) of a Q6_K half superblock as unsigned 6-bit values (the weight is this − 32):
+// Block K (0–3) of a Q6_K half superblock as unsigned 6-bit values (the weight is this − kQ6KBias):
 // its 4 low bits from `l` (the half's first 32 low-bit bytes for even K, the next 32 for odd;
 // low nibbles for K < 2, high for K ≥ 2), its 2 high bits from the half's 32 high-bit bytes
 // `h` (bits 2K, 2K + 1). V as for q4kQuants.
