@@ -1,5 +1,6 @@
 #include "sampling.h"
 #include "kernels.h"
+#include "vec_math.h"
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -48,31 +49,6 @@ void applyPenalties(float* logits, const SamplingParams& p, const int32_t* promp
       if (counts[t] > 0) logits[t] -= p.frequencyPenalty * counts[t] + p.presencePenalty;
 }
 
-// Bit tests over the whole row rather than std::isfinite with an early exit: these loops vectorise.
-uint32_t floatBits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-// No NaN and no ±inf: the exponent bits are never all ones.
-bool allFinite(const float* v, int n) {
-  uint32_t bad = 0;
-  for (int i = 0; i < n; i++) bad |= (~floatBits(v[i]) & 0x7f800000u) == 0;
-  return bad == 0;
-}
-
-// Penalised logits can be sampled when none is NaN or +inf and one is above -inf.
-bool samplable(const float* v, int n) {
-  uint32_t bad = 0, any = 0;
-  for (int i = 0; i < n; i++) {
-    const uint32_t b = floatBits(v[i]);
-    bad |= (b & 0x7fffffffu) > 0x7f800000u || b == 0x7f800000u;
-    any |= b != 0xff800000u;
-  }
-  return bad == 0 && any != 0;
-}
-
 // Tokens whose mask bit is clear can never be sampled. Word by word: all-allowed and all-banned
 // words (most of them, in most grammar states) take no per-token test, and a mixed word visits only
 // its clear bits (a per-token test mispredicts on such words: it was 10x slower).
@@ -112,59 +88,267 @@ Sampled failed(const char* why) {
   return s;
 }
 
-int argmax(const float* v, int n) {
-  int best = 0;
-  for (int i = 1; i < n; i++)
-    if (v[i] > v[best]) best = i;
-  return best;
+// The loops over the whole vocabulary are compiled for AVX-512, AVX2 and baseline x86-64, one
+// picked when the addon loads (GCC's target_clones). Without FP contraction every clone gives the
+// same bits; without trapping math GCC turns their selects into blends and vectorises them.
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math", "fp-contract=off")
+#define WEFT_VOCAB_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
+
+// Bit tests over the whole row rather than std::isfinite with an early exit: these loops vectorise.
+uint32_t floatBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
 }
 
-int sampleFromCandidates(const float* logits, const SamplingParams& p, std::vector<int>& cand) {
-  ByLogit order{logits};
-  int n = static_cast<int>(cand.size());
-  if (p.topK > 0 && p.topK < n) {
-    std::nth_element(cand.begin(), cand.begin() + p.topK, cand.end(), order);
-    cand.resize(p.topK);
-    n = p.topK;
-  }
-  float maxLogit = logits[*std::min_element(cand.begin(), cand.end(), order)];
-  std::vector<double> prob(n);
-  double total = 0;
-  for (int i = 0; i < n; i++) total += prob[i] = std::exp((static_cast<double>(logits[cand[i]]) - maxLogit) / p.temperature);
-  if (p.minP > 0.0f) {  // unnormalised, the most likely token has weight exactly 1
-    double floor = p.minP;
-    int kept = 0;
-    for (int i = 0; i < n; i++)
-      if (prob[i] >= floor) { cand[kept] = cand[i]; prob[kept++] = prob[i]; }
-    n = kept;
-    cand.resize(n);
-    prob.resize(n);
-    total = std::accumulate(prob.begin(), prob.end(), 0.0);
-  }
-  if (p.topP < 1.0f) {
-    std::vector<int> idx(n);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::sort(idx.begin(), idx.end(), [&](int a, int b) { return order(cand[a], cand[b]); });
-    std::vector<int> c2;
-    std::vector<double> p2;
-    double cum = 0;
-    for (int i : idx) {
-      c2.push_back(cand[i]);
-      p2.push_back(prob[i]);
-      cum += prob[i];
-      if (cum >= p.topP * total) break;
-    }
-    cand.swap(c2);
-    prob.swap(p2);
-    n = static_cast<int>(cand.size());
-    total = cum;
-  }
-  double r = uniform(p.seed, p.counter) * total, acc = 0;
+// No NaN and no ±inf: the exponent bits are never all ones.
+WEFT_VOCAB_LOOP bool allFinite(const float* v, int n) {
+  uint32_t bad = 0;
+  for (int i = 0; i < n; i++) bad |= (~floatBits(v[i]) & 0x7f800000u) == 0;
+  return bad == 0;
+}
+
+// Penalised logits can be sampled when none is NaN or +inf and one is above -inf.
+WEFT_VOCAB_LOOP bool samplable(const float* v, int n) {
+  uint32_t bad = 0, any = 0;
   for (int i = 0; i < n; i++) {
-    acc += prob[i];
-    if (r < acc) return cand[i];
+    const uint32_t b = floatBits(v[i]);
+    bad |= (b & 0x7fffffffu) > 0x7f800000u || b == 0x7f800000u;
+    any |= b != 0xff800000u;
   }
-  return cand[n - 1];
+  return bad == 0 && any != 0;
+}
+
+// Sixteen floats or ints: GCC's generic vectors, one zmm register in the AVX-512 clone, two ymm
+// in the AVX2 one (its auto-vectoriser turned an array of sixteen running maxima into scalars).
+typedef float F16 __attribute__((vector_size(64)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+// The first index of the largest element (0 when every element is NaN): sixteen running maxima
+// and the first index where each was reached, then the first index among the lanes holding the
+// largest. A scan carrying the best index in its dependency chain took 0.3 ms over 152k floats.
+WEFT_VOCAB_LOOP int argmax(const float* v, int n) {
+  F16 best;
+  I16 at;
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int j = 0; j < 16; j++) {
+    best[j] = -INFINITY;
+    at[j] = n;
+  }
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F16 x;
+    std::memcpy(&x, v + i, sizeof x);
+    const I16 better = x > best;
+    best = better ? x : best;
+    at = better ? lane + i : at;
+  }
+  float top = -INFINITY;
+  int first = 0;
+  for (; i < n; i++)
+    if (v[i] > top) {
+      top = v[i];
+      first = i;
+    }
+  for (int j = 0; j < 16; j++)
+    if (best[j] > top || (best[j] == top && at[j] < first)) {
+      top = best[j];
+      first = at[j];
+    }
+  return first;
+}
+
+// exp(x) for x <= 0 (NaN excluded): vec_math.h's reduction and polynomial in plain float
+// arithmetic, the same bits in every clone and on every CPU, so a seeded draw does not depend on
+// the kernel set (their exps differ in the last bit). Below -87 it returns 0, a weight under
+// 2^-125 of the most likely token's.
+inline float expNonPositive(float x) {
+  WEFT_EXP_CONSTANTS
+  const float c = x > -87.0f ? x : -87.0f;
+  const float n = (c * kLog2e + 12582912.0f) - 12582912.0f;  // + 1.5 × 2^23 rounds to an integer
+  float r = c - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float q = kP0;
+  q = q * r + kP1;
+  q = q * r + kP2;
+  q = q * r + kP3;
+  q = q * r + kP4;
+  q = q * r + kP5;
+  q = q * r * r + (r + 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);  // 2^n, n in [-126, 0]
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x > -87.0f ? q * scale : 0.0f;
+}
+
+// A token's sampling weight exp((l - max) / T): 1 for the most likely token, 0 for a banned one
+// (-inf), and 0 under min-p (the weight is the probability relative to the most likely token's).
+inline float weight(float l, float max, float invT, float minP) {
+  const float w = expNonPositive((l - max) * invT);
+  return w < minP ? 0.0f : w;
+}
+
+constexpr int kBlock = 256;
+
+// Weights of tokens [0, n) into w, and each block of kBlock tokens' sum into blocks (sixteen
+// float lanes added in a fixed order).
+WEFT_VOCAB_LOOP void weighBlocks(const float* l, int n, float max, float invT, float minP, float* w, float* blocks) {
+  for (int i = 0; i < n; i++) w[i] = weight(l[i], max, invT, minP);
+  for (int from = 0; from < n; from += kBlock) {
+    const int to = std::min(n, from + kBlock);
+    float lanes[16] = {};
+    int i = from;
+    for (; i + 16 <= to; i += 16)
+      for (int j = 0; j < 16; j++) lanes[j] += w[i + j];
+    for (; i < to; i++) lanes[0] += w[i];
+    float sum = 0;
+    for (float x : lanes) sum += x;
+    blocks[from / kBlock] = sum;
+  }
+}
+
+#undef WEFT_VOCAB_LOOP
+#pragma GCC pop_options
+
+// Every token's weight into w, its blocks' sums into blocks, and their total in double.
+double weighAll(const float* l, int n, float max, const SamplingParams& p, std::vector<float>& w, std::vector<float>& blocks) {
+  w.resize(n);
+  blocks.resize((n + kBlock - 1) / kBlock);
+  weighBlocks(l, n, max, 1.0f / p.temperature, p.minP, w.data(), blocks.data());
+  double total = 0;
+  for (float b : blocks) total += b;
+  return total;
+}
+
+// The token where the running sum of weights first exceeds r (in [0, total)): the blocks' sums
+// find its block, then its tokens are added one by one. Where rounding leaves r past every sum,
+// the last token with weight in that block, or overall.
+int drawFromBlocks(const std::vector<float>& w, const std::vector<float>& blocks, double r) {
+  const int n = static_cast<int>(w.size());
+  double acc = 0;
+  int lastBlock = 0;
+  for (int b = 0; b < static_cast<int>(blocks.size()); b++) {
+    if (blocks[b] <= 0) continue;
+    lastBlock = b;
+    if (acc + blocks[b] > r) break;
+    acc += blocks[b];
+  }
+  int last = -1;
+  for (int i = lastBlock * kBlock; i < std::min(n, (lastBlock + 1) * kBlock); i++) {
+    if (w[i] <= 0) continue;
+    last = i;
+    acc += w[i];
+    if (r < acc) return i;
+  }
+  return last;
+}
+
+// The best n tokens of v (higher first, lower id on ties), -inf ones included when fewer are
+// finite: one pass keeping them in a small heap, worst on top.
+void bestTokens(const float* v, int vocab, int n, std::vector<int>& heap) {
+  ByLogit better{v};
+  heap.clear();
+  heap.reserve(n + 1);
+  for (int i = 0; i < vocab; i++) {
+    if (static_cast<int>(heap.size()) < n) {
+      heap.push_back(i);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(i, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = i;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), better);
+}
+
+// Top-p over candidates: keeps the shortest prefix of them in logit order (lower id on ties)
+// whose weight reaches `need`, found by partitioning around pivots (a weighted quickselect)
+// instead of sorting them all; ids[0, returned) is that prefix, in no particular order. Each
+// part's weight is summed in double in its order, so the prefix can differ from a sorted walk's
+// by rounding only.
+int topPPrefix(const float* l, std::vector<int>& ids, std::vector<float>& w, double need) {
+  ByLogit better{l};
+  int lo = 0, hi = static_cast<int>(ids.size());  // the boundary token is in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    const int a = ids[lo], b = ids[mid], c = ids[hi - 1];  // median of three as the pivot
+    const int pivot = better(a, b) ? (better(b, c) ? b : (better(a, c) ? c : a)) : (better(a, c) ? a : (better(b, c) ? c : b));
+    int split = lo;
+    double mass = 0;
+    for (int i = lo; i < hi; i++)
+      if (better(ids[i], pivot)) {
+        std::swap(ids[i], ids[split]);
+        std::swap(w[i], w[split]);
+        mass += w[split++];
+      }
+    if (mass >= need) {
+      hi = split;
+      continue;
+    }
+    need -= mass;
+    int at = split;  // the pivot itself follows the better part
+    while (ids[at] != pivot) at++;
+    std::swap(ids[at], ids[split]);
+    std::swap(w[at], w[split]);
+    if (w[split] >= need) return split + 1;
+    need -= w[split];
+    lo = split + 1;
+  }
+  return hi;
+}
+
+// Draws from candidates ids[0, n) with weights w in their order.
+int drawFromList(const std::vector<int>& ids, const std::vector<float>& w, int n, double u) {
+  double total = 0;
+  for (int i = 0; i < n; i++) total += w[i];
+  const double r = u * total;
+  double acc = 0;
+  int last = ids[0];
+  for (int i = 0; i < n; i++) {
+    if (w[i] <= 0) continue;
+    last = ids[i];
+    acc += w[i];
+    if (r < acc) return ids[i];
+  }
+  return last;
+}
+
+struct DrawScratch {
+  std::vector<float> w, blocks, candidateW;
+  std::vector<int> ids, best;
+};
+
+// A token drawn from exp((l - max) / T) under top-k, min-p and top-p, in that order, with the
+// uniform of (seed, counter). l has no NaN or +inf and at least one finite entry, max is its
+// largest; banned tokens are -inf and get weight 0.
+int sampleTemperature(const float* l, int vocab, float max, const SamplingParams& p) {
+  static thread_local DrawScratch s;  // kept across steps
+  const double u = uniform(p.seed, p.counter);
+  const float invT = 1.0f / p.temperature;
+  s.ids.clear();
+  s.candidateW.clear();
+  double total = 0;
+  if (p.topK > 0 && p.topK < vocab) {
+    bestTokens(l, vocab, p.topK, s.best);
+    for (int id : s.best)
+      if (const float w = weight(l[id], max, invT, p.minP); w > 0) {
+        s.ids.push_back(id);
+        s.candidateW.push_back(w);
+        total += w;
+      }
+  } else {
+    total = weighAll(l, vocab, max, p, s.w, s.blocks);
+    if (p.topP >= 1.0f) return drawFromBlocks(s.w, s.blocks, u * total);
+    for (int i = 0; i < vocab; i++)
+      if (s.w[i] > 0) {
+        s.ids.push_back(i);
+        s.candidateW.push_back(s.w[i]);
+      }
+  }
+  const int n = p.topP < 1.0f ? topPPrefix(l, s.ids, s.candidateW, p.topP * total) : static_cast<int>(s.ids.size());
+  return drawFromList(s.ids, s.candidateW, n, u);
 }
 
 }  // namespace
@@ -188,24 +372,11 @@ float logSumExp(const Kernels& k, const float* logits, int vocab, float maxLogit
 }
 
 void topLogprobs(const float* logits, int vocab, float lse, int n, int32_t* ids, float* lps) {
-  // One pass keeping the best n in a small heap (worst on top).
-  ByLogit better{logits};
-  std::vector<int> heap;
-  heap.reserve(n + 1);
-  for (int i = 0; i < vocab; i++) {
-    if (static_cast<int>(heap.size()) < n) {
-      heap.push_back(i);
-      std::push_heap(heap.begin(), heap.end(), better);
-    } else if (better(i, heap.front())) {
-      std::pop_heap(heap.begin(), heap.end(), better);
-      heap.back() = i;
-      std::push_heap(heap.begin(), heap.end(), better);
-    }
-  }
-  std::sort(heap.begin(), heap.end(), better);
+  static thread_local std::vector<int> best;
+  bestTokens(logits, vocab, n, best);
   for (int i = 0; i < n; i++) {
-    ids[i] = heap[i];
-    lps[i] = logits[heap[i]] - lse;
+    ids[i] = best[i];
+    lps[i] = logits[best[i]] - lse;
   }
 }
 
@@ -247,17 +418,8 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
   }
 
   Sampled s;
-  if (p.temperature <= 1e-5f || p.topK == 1) {
-    s.token = work == logits ? best : argmax(work, vocab);
-  } else {
-    // Banned tokens (mask, -inf bias) have probability 0: leaving them out changes no draw, and
-    // a grammar state that allows a few tokens costs a few exps instead of the vocabulary's.
-    std::vector<int> cand;
-    cand.reserve(work == logits ? vocab : 0);
-    for (int t = 0; t < vocab; t++)
-      if (work[t] != -INFINITY) cand.push_back(t);
-    s.token = sampleFromCandidates(work, p, cand);
-  }
+  const int top = work == logits ? best : argmax(work, vocab);
+  s.token = greedy ? top : sampleTemperature(work, vocab, work[top], p);
   s.logprob = logits[s.token] - lse;
 
   if (topN > 0) topLogprobs(logits, vocab, lse, std::min(topN, vocab), topIds, topLps);

@@ -1,24 +1,26 @@
 #!/usr/bin/env node
 /** weft: serve | generate | make-model | bench | keys */
 import { Command, InvalidArgumentError, Option } from "commander";
-import { generate } from "./commands/generate.js";
-import { makeModel, type WeightDType } from "./model/make-model.js";
+// Each command's module is imported when that command runs, so `weft keys` or `weft --help` does
+// not load the server, the engine and the benchmarks first. What the flags' definitions need
+// (defaults, choices) is imported here.
+import type { GenerateOptions } from "./commands/generate.js";
+import type { WeightDType } from "./model/make-model.js";
 import { PRESETS } from "./model/presets.js";
-import { serve, type ServeOptions } from "./commands/serve.js";
+import type { ServeOptions } from "./commands/serve.js";
 import { keysCommand } from "./commands/keys.js";
 import { batchesCommand } from "./commands/batches.js";
 import { DEFAULT_DB_PATH } from "./store/database.js";
 import { DEFAULT_HTTP_LIMITS } from "./server/http-limits.js";
 import { DEFAULT_MAX_THINK_TOKENS, REASONING_PARSERS, TOOL_CALL_PARSERS } from "./server/chat-settings.js";
 import { DEFAULT_ENGINE_CONFIG, ENGINE_FLAGS, engineConfigFromOptions } from "./engine/engine-config.js";
-import { offlineBench, type OfflineBenchOptions } from "./bench/offline.js";
-import { printProfile } from "./bench/profile.js";
-import { serveBench, type ServeBenchOptions } from "./bench/serve-bench.js";
-import { batchBench, type BatchBenchOptions } from "./bench/batch-bench.js";
-import { structuredBench, type StructuredBenchOptions } from "./bench/structured-bench.js";
-import { exportGguf } from "./model/gguf-export.js";
+import type { OfflineBenchOptions } from "./bench/offline.js";
+import type { ProfileOptions } from "./bench/profile.js";
+import type { ServeBenchOptions } from "./bench/serve-bench.js";
+import type { BatchBenchOptions } from "./bench/batch-bench.js";
+import type { StructuredBenchOptions } from "./bench/structured-bench.js";
 import { QUANT_RECIPES, quantizeModel, type QuantRecipe } from "./model/gguf-quantize.js";
-import { peerBench, type PeerOptions } from "./bench/peer.js";
+import type { PeerOptions } from "./bench/peer.js";
 import { isLlamaQuantType, LLAMA_FTYPES, type LlamaQuantType } from "./bench/llama-quantize.js";
 import fs from "node:fs";
 import path from "node:path";
@@ -93,7 +95,7 @@ program
   .option("--json", "print one JSON object")
   .addOption(dtypeOption())
   .addOption(deviceOption())
-  .action(generate);
+  .action(async (o: GenerateOptions) => (await import("./commands/generate.js")).generate(o));
 
 program
   .command("make-model")
@@ -103,8 +105,9 @@ program
   .option("--dtype <dtype>", "bf16 | f16 | f32", "bf16")
   .option("--seed <s>", "weights seed", intArg("--seed"), 0)
   .addOption(new Option("--quant <type>", "write a quantized GGUF file instead (--out FILE.gguf)").choices(QUANT_RECIPES))
-  .action((o: { preset: string; out: string; dtype: string; seed: number; quant?: QuantRecipe }) => {
+  .action(async (o: { preset: string; out: string; dtype: string; seed: number; quant?: QuantRecipe }) => {
     if (!["bf16", "f16", "f32"].includes(o.dtype)) throw new InvalidArgumentError("--dtype must be bf16, f16 or f32");
+    const { makeModel } = await import("./model/make-model.js");
     if (!o.quant) {
       const dir = makeModel({ preset: o.preset, out: o.out, dtype: o.dtype as WeightDType, seed: o.seed });
       console.log(`wrote ${o.preset} (random weights, ${o.dtype}) to ${dir}`);
@@ -157,7 +160,7 @@ for (const f of ENGINE_FLAGS) {
   else if (f.kind === "choice") serveCommand.addOption(new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG[f.key]));
   else serveCommand.option(f.flag, f.description, f.kind === "int" ? intArg(f.flag.split(" ")[0]!, f.min) : numArg(f.flag.split(" ")[0]!, f.min, f.max), DEFAULT_ENGINE_CONFIG[f.key] as number);
 }
-serveCommand.action((o: Omit<ServeOptions, "engine">) => serve({ ...o, engine: engineConfigFromOptions(o as unknown as Record<string, unknown>) }));
+serveCommand.action(async (o: Omit<ServeOptions, "engine">) => (await import("./commands/serve.js")).serve({ ...o, engine: engineConfigFromOptions(o as unknown as Record<string, unknown>) }));
 
 program.addCommand(keysCommand());
 program.addCommand(batchesCommand());
@@ -169,9 +172,9 @@ program
   .requiredOption("--model <dir>", "model directory")
   .requiredOption("--out <file>", "output .gguf file")
   .option("--dtype <dtype>", "f16 | bf16 for matrices", "f16")
-  .action((o: { model: string; out: string; dtype: string }) => {
+  .action(async (o: { model: string; out: string; dtype: string }) => {
     if (o.dtype !== "f16" && o.dtype !== "bf16") throw new InvalidArgumentError("--dtype must be f16 or bf16");
-    const r = exportGguf(o.model, o.out, o.dtype);
+    const r = (await import("./model/gguf-export.js")).exportGguf(o.model, o.out, o.dtype);
     console.log(`wrote ${o.out}: ${r.tensors} tensors, ${(r.bytes / 1e9).toFixed(2)} GB`);
   });
 
@@ -181,7 +184,7 @@ program
   .requiredOption("--model <path>", "a Hugging Face model directory (bf16, f16, f32) or a float GGUF file")
   .requiredOption("--out <file>", "output .gguf file")
   .addOption(new Option("--type <type>", "file type: the tensors' types follow llama.cpp's recipe of that name").choices(QUANT_RECIPES).makeOptionMandatory())
-  .action((o: { model: string; out: string; type: QuantRecipe }) => {
+  .action(async (o: { model: string; out: string; type: QuantRecipe }) => {
     if (path.resolve(o.model) === path.resolve(o.out)) throw new InvalidArgumentError("--out must not be the input file");
     const r = quantizeModel(o.model, o.out, o.type, (m) => process.stderr.write(`${m}\n`));
     const mix = Object.entries(r.types).map(([t, n]) => `${n} ${t}`).join(", ");
@@ -212,7 +215,7 @@ bench
   .addOption(deviceOption())
   .action(async (o: OfflineBenchOptions) => {
     if (o.mode !== "sweep" && o.mode !== "compare") throw new InvalidArgumentError("--mode must be sweep or compare");
-    await offlineBench(o);
+    await (await import("./bench/offline.js")).offlineBench(o);
   });
 
 bench
@@ -227,7 +230,7 @@ bench
   .option("--output-len <n>", "tokens generated per request (EOS ignored)", intArg("--output-len", 1), 64)
   .option("--json <file>", "write the results as JSON")
   .option("--svg <file>", "write a chart of throughput and p99 latency against concurrency")
-  .action(async (o: ServeBenchOptions) => void (await serveBench(o)));
+  .action(async (o: ServeBenchOptions) => void (await (await import("./bench/serve-bench.js")).serveBench(o)));
 
 bench
   .command("batch")
@@ -240,7 +243,7 @@ bench
   .option("--probe-gap-ms <ms>", "each probe waits a random 0..ms before it is sent (0: back to back)", intArg("--probe-gap-ms", 0), 250)
   .option("--output-len <n>", "tokens per request", intArg("--output-len", 1), 32)
   .option("--json <file>", "write the results as JSON")
-  .action(async (o: BatchBenchOptions) => void (await batchBench(o)));
+  .action(async (o: BatchBenchOptions) => void (await (await import("./bench/batch-bench.js")).batchBench(o)));
 bench
   .command("structured")
   .description("constrained decoding's cost: N JSON-schema requests at once vs N unconstrained, same prompt and token counts")
@@ -256,7 +259,7 @@ bench
   .option("--schema <file>", "a JSON schema file (default: a built-in list of records)")
   .option("--json <file>", "write the results as JSON")
   .addOption(dtypeOption())
-  .action(async (o: StructuredBenchOptions) => void (await structuredBench(o)));
+  .action(async (o: StructuredBenchOptions) => void (await (await import("./bench/structured-bench.js")).structuredBench(o)));
 bench
   .command("profile")
   .description("where a step's time goes: decode at several batch sizes, and one prefill")
@@ -268,7 +271,7 @@ bench
   .addOption(dtypeOption())
   .addOption(kvCacheDtypeOption())
   .addOption(deviceOption())
-  .action(printProfile);
+  .action(async (o: ProfileOptions) => (await import("./bench/profile.js")).printProfile(o));
 bench
   .command("peer")
   .description("Weft vs llama.cpp (node-llama-cpp, a devDependency) on the same random checkpoint, or with --quant the same quantized GGUF, in one run")
@@ -282,7 +285,7 @@ bench
   .option("--json <file>", "write the results as JSON")
   .action(async (o: PeerOptions) => {
     fs.mkdirSync(o.dir, { recursive: true });
-    await peerBench(o);
+    await (await import("./bench/peer.js")).peerBench(o);
   });
 
 program.parseAsync().catch((e: unknown) => {
