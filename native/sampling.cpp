@@ -208,6 +208,27 @@ WEFT_VOCAB_LOOP void weighBlocks(const float* l, int n, float max, float invT, f
   }
 }
 
+// Weight floors for top-p: the candidates are the tokens at or above the highest floor whose
+// tokens hold the mass asked for, not every token with weight.
+constexpr float kFloors[] = {1e-1f, 1e-2f, 1e-3f, 1e-4f, 1e-6f, 1e-9f};
+constexpr int kNumFloors = sizeof kFloors / sizeof kFloors[0];
+
+// The weight of the tokens at or above each floor, summed in sixteen float lanes.
+WEFT_VOCAB_LOOP void massAtFloors(const float* w, int n, double* mass) {
+  F16 acc[kNumFloors] = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F16 x;
+    std::memcpy(&x, w + i, sizeof x);
+    for (int f = 0; f < kNumFloors; f++) acc[f] += x >= kFloors[f] ? x : 0.0f;
+  }
+  for (int f = 0; f < kNumFloors; f++) {
+    mass[f] = 0;
+    for (int j = 0; j < 16; j++) mass[f] += acc[f][j];
+    for (int k = i; k < n; k++) mass[f] += w[k] >= kFloors[f] ? w[k] : 0.0f;
+  }
+}
+
 #undef WEFT_VOCAB_LOOP
 #pragma GCC pop_options
 
@@ -263,35 +284,42 @@ void bestTokens(const float* v, int vocab, int n, std::vector<int>& heap) {
   std::sort(heap.begin(), heap.end(), better);
 }
 
-// Top-p over candidates: keeps the shortest prefix of them in logit order (lower id on ties)
-// whose weight reaches `need`, found by partitioning around pivots (a weighted quickselect)
-// instead of sorting them all; ids[0, returned) is that prefix, in no particular order. Each
-// part's weight is summed in double in its order, so the prefix can differ from a sorted walk's
-// by rounding only.
-int topPPrefix(const float* l, std::vector<int>& ids, std::vector<float>& w, double need) {
-  ByLogit better{l};
+// Top-p over candidates (ids with their weights w): keeps the shortest prefix of them by weight,
+// lower id first on equal weights (the order of their logits, but for logits whose weights round
+// equal), whose weight reaches `need`. Found by partitioning around pivots (a weighted quickselect)
+// instead of sorting them all; ids[0, returned) is that prefix, in no particular order. Each part's
+// weight is summed in double in its order, so the prefix can differ from a sorted walk's by
+// rounding only.
+int topPPrefix(std::vector<int>& ids, std::vector<float>& w, double need) {
+  const auto before = [&](int a, int b) { return w[a] > w[b] || (w[a] == w[b] && ids[a] < ids[b]); };
   int lo = 0, hi = static_cast<int>(ids.size());  // the boundary token is in [lo, hi)
   while (hi - lo > 1) {
-    const int mid = lo + (hi - lo) / 2;
-    const int a = ids[lo], b = ids[mid], c = ids[hi - 1];  // median of three as the pivot
-    const int pivot = better(a, b) ? (better(b, c) ? b : (better(a, c) ? c : a)) : (better(a, c) ? a : (better(b, c) ? c : b));
+    const int a = lo, b = lo + (hi - lo) / 2, c = hi - 1;  // median of three as the pivot
+    const int m = before(a, b) ? (before(b, c) ? b : (before(a, c) ? c : a)) : (before(a, c) ? a : (before(b, c) ? c : b));
+    std::swap(ids[m], ids[hi - 1]);
+    std::swap(w[m], w[hi - 1]);
+    const float pw = w[hi - 1];
+    const int pid = ids[hi - 1];
     int split = lo;
     double mass = 0;
-    for (int i = lo; i < hi; i++)
-      if (better(ids[i], pivot)) {
-        std::swap(ids[i], ids[split]);
-        std::swap(w[i], w[split]);
-        mass += w[split++];
-      }
+    for (int i = lo; i < hi - 1; i++) {  // without branches: on random weights they mispredicted half the time
+      const float wi = w[i];
+      const int id = ids[i];
+      const bool first = wi > pw || (wi == pw && id < pid);
+      w[i] = w[split];  // [split, i) holds the part after the pivot: swapping within it changes nothing
+      ids[i] = ids[split];
+      w[split] = wi;
+      ids[split] = id;
+      mass += first ? wi : 0.0f;
+      split += first;
+    }
     if (mass >= need) {
       hi = split;
       continue;
     }
     need -= mass;
-    int at = split;  // the pivot itself follows the better part
-    while (ids[at] != pivot) at++;
-    std::swap(ids[at], ids[split]);
-    std::swap(w[at], w[split]);
+    std::swap(ids[hi - 1], ids[split]);  // the pivot follows the part before it
+    std::swap(w[hi - 1], w[split]);
     if (w[split] >= need) return split + 1;
     need -= w[split];
     lo = split + 1;
@@ -341,13 +369,18 @@ int sampleTemperature(const float* l, int vocab, float max, const SamplingParams
   } else {
     total = weighAll(l, vocab, max, p, s.w, s.blocks);
     if (p.topP >= 1.0f) return drawFromBlocks(s.w, s.blocks, u * total);
+    double mass[kNumFloors];
+    massAtFloors(s.w.data(), vocab, mass);
+    float floor = 0;  // a floor is taken with a margin far above its float sum's rounding
+    for (int f = kNumFloors - 1; f >= 0; f--)
+      if (mass[f] >= p.topP * total * (1 + 1e-4)) floor = kFloors[f];
     for (int i = 0; i < vocab; i++)
-      if (s.w[i] > 0) {
+      if (s.w[i] > 0 && s.w[i] >= floor) {
         s.ids.push_back(i);
         s.candidateW.push_back(s.w[i]);
       }
   }
-  const int n = p.topP < 1.0f ? topPPrefix(l, s.ids, s.candidateW, p.topP * total) : static_cast<int>(s.ids.size());
+  const int n = p.topP < 1.0f ? topPPrefix(s.ids, s.candidateW, p.topP * total) : static_cast<int>(s.ids.size());
   return drawFromList(s.ids, s.candidateW, n, u);
 }
 

@@ -268,6 +268,8 @@ bench
   .option("--context <n>", "cached tokens per decoding sequence", intArg("--context"), 128)
   .option("--prefill <n>", "prompt tokens of the prefill case (0: skip)", intArg("--prefill"), 512)
   .option("--steps <n>", "decode steps per case", intArg("--steps", 1), 8)
+  .option("--temperature <t>", "every row's sampling temperature (0: greedy)", numArg("--temperature", 0), 0)
+  .option("--top-p <p>", "every row's top_p", numArg("--top-p", Number.MIN_VALUE, 1), 1)
   .addOption(dtypeOption())
   .addOption(kvCacheDtypeOption())
   .addOption(deviceOption())

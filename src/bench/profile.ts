@@ -22,6 +22,9 @@ export interface ProfileOptions {
   kvCacheDtype?: KvCacheDtype | "auto";
   /** Where the model runs (default auto). */
   device?: Device | "auto";
+  /** Sampling of every row (default greedy: temperature 0, top_p 1). */
+  temperature?: number;
+  topP?: number;
 }
 
 export interface ProfileRow extends Record<string, unknown> {
@@ -53,8 +56,8 @@ export async function profileSteps(o: ProfileOptions): Promise<ProfileReport> {
   const kv = { numBlocks: perSeq * maxB + 1, blockSize, dtype: resolveKvCacheDtype(o.kvCacheDtype ?? "auto", dtype) };
   const runner = await ModelRunner.create(ckpt, kv, dtype, device);
   const info = runner.info();
-  const header = `device ${info.device} (${info.deviceName}), dtype ${info.dtype}, KV cache ${info.kvCacheDtype}`;
-  const params = defaultSamplingParams({ temperature: 0, maxTokens: 1 });
+  const params = defaultSamplingParams({ temperature: o.temperature ?? 0, topP: o.topP ?? 1, maxTokens: 1, seed: 0 });
+  const header = `device ${info.device} (${info.deviceName}), dtype ${info.dtype}, KV cache ${info.kvCacheDtype}; temperature ${params.temperature}, top_p ${params.topP}`;
   const table_ = (b: number): number[] => Array.from({ length: perSeq }, (_, i) => b * perSeq + i);
   const rows: ProfileRow[] = [];
   const measure = async (label: string, make: (step: number) => RunnerSequence[], steps: number): Promise<void> => {
