@@ -18,7 +18,7 @@ import { loadCheckpoint, type Checkpoint } from "../src/model/checkpoint.js";
 import { ggufModelConfig } from "../src/model/gguf-model.js";
 import { ModelRunner } from "../src/runtime/model-runner.js";
 import { ropeInvFreq, type RopeScaling } from "../src/runtime/rope.js";
-import { completeFixtureModel, readReference, tempDir } from "./helpers.js";
+import { completeFixtureModel, readReference, ROOT, tempDir } from "./helpers.js";
 
 /** node-llama-cpp's prebuilt CPU binaries for this platform (libggml-base.so, libllama.so). */
 export function llamaCppBins(): string {
@@ -248,13 +248,30 @@ for (const model of ["tiny-qwen3", "tiny-llama"] as const) {
     assert.deepEqual({ ...fromGguf.config, eosTokenIds: [] }, { ...fromDir.config, rmsEps: Math.fround(fromDir.config.rmsEps), eosTokenIds: [] });
     assert.deepEqual(fromGguf.config.eosTokenIds, fromDir.config.eosTokenIds.slice(0, 1));
     // llama's q/k rows are stored permuted; the loader serves them from a side file in HF order.
-    if (model === "tiny-llama") assert.notEqual(fromGguf.weights.layers[0]!.wq.file, file);
+    if (model === "tiny-llama") assert.equal(path.basename(fromGguf.weights.layers[0]!.wq.file).endsWith(`-${process.pid}.bin`), true, "the side file is this process's");
     const ids = readReference(model)[0]!.input_ids.slice(0, 24);
     const [a, b] = [await allLogits(fromDir, ids), await allLogits(fromGguf, ids)];
     assert.equal(a.length, ids.length * fromDir.config.vocab);
     assert.ok(a.every((v, i) => Object.is(v, b[i])), "logits differ");
   });
 }
+
+test("model: llama's q/k side file goes when its process exits; one left by a killed process is swept by the next", () => {
+  const file = path.join(tempDir("weft-gguf-"), "tiny-llama.gguf");
+  exportGguf(completeFixtureModel("tiny-llama"), file, "bf16");
+  const load = (): string => execFileSync(process.execPath, ["--input-type=module", "-e",
+    `const m = await import(${JSON.stringify(path.join(ROOT, "dist", "src", "model", "gguf-model.js"))}); console.log(m.loadGgufCheckpoint(process.argv[1]).weights.layers[0].wq.file);`, file]).toString().trim();
+  const side = load();
+  assert.match(path.basename(side), /^weft-gguf-qk-[0-9a-f]{16}-\d+\.bin$/);
+  assert.equal(fs.existsSync(side), false, "removed at exit");
+  // A side file whose process is gone (the one just run), and one without a process id (an older Weft's).
+  const dead = side;
+  const legacy = side.replace(/-\d+\.bin$/, ".bin");
+  for (const f of [dead, legacy]) fs.writeFileSync(f, "stale");
+  load();
+  assert.equal(fs.existsSync(dead), false, "a dead process's side file is swept");
+  assert.equal(fs.existsSync(legacy), false, "an older Weft's side file is swept");
+});
 
 test("model: Llama 3 rope scaling is recovered from rope_freqs.weight", () => {
   const headDim = 128, theta = 500000;

@@ -297,7 +297,7 @@ test("tenant isolation: B's first request with A's cached prompt is as slow as a
     };
     await timed(a, [1, 2, 3]); // load the engine
     const rows: { coldA: number; warmA: number; firstB: number }[] = [];
-    for (let i = 0; i < 3; i++) {
+    for (let i = 0; i < 5; i++) {
       const prompt = Array.from({ length: 1500 }, (_, j) => 1000 + i * 2000 + j);
       const coldA = await timed(a, prompt), warmA = await timed(a, prompt), firstB = await timed(b, prompt);
       assert.equal(coldA.cached, 0);
@@ -305,10 +305,12 @@ test("tenant isolation: B's first request with A's cached prompt is as slow as a
       assert.equal(firstB.cached, 0, "B must not hit A's blocks");
       rows.push({ coldA: coldA.ms, warmA: warmA.ms, firstB: firstB.ms });
     }
-    const med = (k: keyof (typeof rows)[number]): number => percentile(rows.map((r) => r[k]), 50);
-    console.log(`tenant isolation (1500-token prompt, median ms): A cold ${med("coldA").toFixed(1)}, A repeat ${med("warmA").toFixed(1)}, B first ${med("firstB").toFixed(1)}`);
-    assert.ok(med("warmA") < 0.5 * med("coldA"), "A's repeat should be fast");
-    assert.ok(med("firstB") > 0.6 * med("coldA"), "B's first request should be as slow as a cold one");
+    // The fastest of five: a busy host only ever adds time (a median over three failed once, cold
+    // 258 ms against B's 139, while a build shared the two cores).
+    const best = (k: keyof (typeof rows)[number]): number => Math.min(...rows.map((r) => r[k]));
+    console.log(`tenant isolation (1500-token prompt, fastest ms of 5): A cold ${best("coldA").toFixed(1)}, A repeat ${best("warmA").toFixed(1)}, B first ${best("firstB").toFixed(1)}`);
+    assert.ok(best("warmA") < 0.5 * best("coldA"), "A's repeat should be fast");
+    assert.ok(best("firstB") > 0.6 * best("coldA"), "B's first request should be as slow as a cold one");
   } finally {
     await t.close();
   }

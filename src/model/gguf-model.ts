@@ -169,20 +169,48 @@ export function unpermuteRows(data: Uint8Array, heads: number, rowBytes: number)
   return out;
 }
 
+const SIDE_FILE = /^weft-gguf-qk-[0-9a-f]{16}(?:-(\d+))?\.bin(?:\.tmp)?$/;
+/** The side files this process wrote: removed when it exits (the temp directory may be RAM). */
+const sideFiles = new Set<string>();
+
+function keepUntilExit(file: string): void {
+  if (sideFiles.size === 0) process.once("exit", () => sideFiles.forEach((f) => fs.rmSync(f, { force: true })));
+  sideFiles.add(file);
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** Removes side files left by processes that are gone (killed before their exit handler ran, or an older Weft's). */
+function sweepSideFiles(): void {
+  for (const name of fs.readdirSync(os.tmpdir())) {
+    const pid = SIDE_FILE.exec(name)?.[1];
+    if (SIDE_FILE.test(name) && (pid === undefined || !processAlive(Number(pid)))) fs.rmSync(path.join(os.tmpdir(), name), { force: true });
+  }
+}
+
 /**
  * Writes the llama architecture's q/k weights (and biases) in Hugging Face row order to a side file
- * in the temp directory, named by the GGUF's path, size and mtime so later loads reuse it, and
- * points those tensors at it.
+ * in the temp directory and points those tensors at it. The file is this process's: named by the
+ * GGUF's path, size and mtime and the process id, reused by its later loads of that GGUF, and
+ * removed when it exits.
  */
 function unpermuteQk(g: Gguf, c: ModelConfig, layers: NativeLayerWeights[]): void {
   const st = fs.statSync(g.file);
   const key = crypto.createHash("sha256").update(`${path.resolve(g.file)}\0${st.size}\0${st.mtimeMs}`).digest("hex").slice(0, 16);
-  const side = path.join(os.tmpdir(), `weft-gguf-qk-${key}.bin`);
+  const side = path.join(os.tmpdir(), `weft-gguf-qk-${key}-${process.pid}.bin`);
   const jobs = layers.flatMap((l) => [[l, "wq", c.heads], [l, "wk", c.kvHeads], [l, "bq", c.heads], [l, "bk", c.kvHeads]] as const)
     .filter(([l, k]) => l[k] !== undefined);
   const total = jobs.reduce((s, [l, k]) => s + l[k]!.byteLength, 0);
   const fresh = !fs.existsSync(side) || fs.statSync(side).size !== total;
-  const tmp = `${side}.${process.pid}.tmp`;
+  if (fresh) sweepSideFiles();
+  const tmp = `${side}.tmp`;
   const fd = fresh ? fs.openSync(tmp, "w") : -1;
   try {
     let at = 0;
@@ -196,6 +224,7 @@ function unpermuteQk(g: Gguf, c: ModelConfig, layers: NativeLayerWeights[]): voi
     if (fresh) fs.closeSync(fd);
   }
   if (fresh) fs.renameSync(tmp, side);
+  keepUntilExit(side);
 }
 
 /** Loads and validates a GGUF model file; tensor data stays in the file (the addon maps it). */
