@@ -302,9 +302,7 @@ void Model::scorePrompt(const StepInput& in, StepOutput& out) {
       for (int j = 0; j < n; j++) {
         const int i = c + j;
         const float* lg = scoreLogits_.data() + static_cast<size_t>(j) * V;
-        float maxLogit = lg[0];
-        for (int v = 1; v < V; v++) maxLogit = std::max(maxLogit, lg[v]);
-        const float lse = logSumExp(k_, lg, V, maxLogit, scratch);
+        const float lse = logSumExp(k_, lg, V, lg[argmax(lg, V)], scratch);
         const float target = lg[in.scoreTargets[i]];
         int above = 0;
         for (int v = 0; v < V; v++) above += lg[v] > target;

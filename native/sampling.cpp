@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 namespace weft {
 namespace {
@@ -125,9 +124,11 @@ WEFT_VOCAB_LOOP bool samplable(const float* v, int n) {
 typedef float F16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
 
-// The first index of the largest element (0 when every element is NaN): sixteen running maxima
-// and the first index where each was reached, then the first index among the lanes holding the
-// largest. A scan carrying the best index in its dependency chain took 0.3 ms over 152k floats.
+}  // namespace
+
+// Sixteen running maxima and the first index where each was reached, then the first index among
+// the lanes holding the largest. A scan carrying the best index in its dependency chain took
+// 0.3 ms over 152k floats.
 WEFT_VOCAB_LOOP int argmax(const float* v, int n) {
   F16 best;
   I16 at;
@@ -158,6 +159,8 @@ WEFT_VOCAB_LOOP int argmax(const float* v, int n) {
     }
   return first;
 }
+
+namespace {
 
 // exp(x) for x <= 0 (NaN excluded): vec_math.h's reduction and polynomial in plain float
 // arithmetic, the same bits in every clone and on every CPU, so a seeded draw does not depend on
@@ -233,10 +236,10 @@ WEFT_VOCAB_LOOP void massAtFloors(const float* w, int n, double* mass) {
 #pragma GCC pop_options
 
 // Every token's weight into w, its blocks' sums into blocks, and their total in double.
-double weighAll(const float* l, int n, float max, const SamplingParams& p, std::vector<float>& w, std::vector<float>& blocks) {
+double weighAll(const float* l, int n, float max, float invT, float minP, std::vector<float>& w, std::vector<float>& blocks) {
   w.resize(n);
   blocks.resize((n + kBlock - 1) / kBlock);
-  weighBlocks(l, n, max, 1.0f / p.temperature, p.minP, w.data(), blocks.data());
+  weighBlocks(l, n, max, invT, minP, w.data(), blocks.data());
   double total = 0;
   for (float b : blocks) total += b;
   return total;
@@ -327,20 +330,16 @@ int topPPrefix(std::vector<int>& ids, std::vector<float>& w, double need) {
   return hi;
 }
 
-// Draws from candidates ids[0, n) with weights w in their order.
+// Draws from candidates ids[0, n) (n >= 1, every weight > 0) with weights w in their order; the
+// last one where rounding leaves r past every sum.
 int drawFromList(const std::vector<int>& ids, const std::vector<float>& w, int n, double u) {
   double total = 0;
   for (int i = 0; i < n; i++) total += w[i];
   const double r = u * total;
   double acc = 0;
-  int last = ids[0];
-  for (int i = 0; i < n; i++) {
-    if (w[i] <= 0) continue;
-    last = ids[i];
-    acc += w[i];
-    if (r < acc) return ids[i];
-  }
-  return last;
+  for (int i = 0; i < n - 1; i++)
+    if (r < (acc += w[i])) return ids[i];
+  return ids[n - 1];
 }
 
 struct DrawScratch {
@@ -367,7 +366,7 @@ int sampleTemperature(const float* l, int vocab, float max, const SamplingParams
         total += w;
       }
   } else {
-    total = weighAll(l, vocab, max, p, s.w, s.blocks);
+    total = weighAll(l, vocab, max, invT, p.minP, s.w, s.blocks);
     if (p.topP >= 1.0f) return drawFromBlocks(s.w, s.blocks, u * total);
     double mass[kNumFloors];
     massAtFloors(s.w.data(), vocab, mass);

@@ -32,6 +32,9 @@ struct Sampled {
 // Why `p` cannot be sampled with (a field out of range once rounded to float32), or null.
 const char* samplingError(const SamplingParams& p);
 
+// The first index of the largest of v[0, n) (0 when every element is NaN).
+int argmax(const float* v, int n);
+
 // log Σ exp(logits) over the vocabulary, given its largest element (`scratch` is overwritten):
 // the normaliser of the raw distribution, computed one way for sampled and scored rows alike.
 float logSumExp(const struct Kernels& k, const float* logits, int vocab, float maxLogit, std::vector<float>& scratch);

@@ -190,8 +190,8 @@ function processAlive(pid: number): boolean {
 /** Removes side files left by processes that are gone (killed before their exit handler ran, or an older Weft's). */
 function sweepSideFiles(): void {
   for (const name of fs.readdirSync(os.tmpdir())) {
-    const pid = SIDE_FILE.exec(name)?.[1];
-    if (SIDE_FILE.test(name) && (pid === undefined || !processAlive(Number(pid)))) fs.rmSync(path.join(os.tmpdir(), name), { force: true });
+    const m = SIDE_FILE.exec(name);
+    if (m && (m[1] === undefined || !processAlive(Number(m[1])))) fs.rmSync(path.join(os.tmpdir(), name), { force: true });
   }
 }
 
