@@ -9,6 +9,7 @@
       "target_name": "weft_native",
       "sources": [
         "native/addon.cpp",
+        "native/compute_thread.cpp",
         "native/model.cpp",
         "native/step.cpp",
         "native/weights.cpp",

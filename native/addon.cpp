@@ -1,11 +1,13 @@
 // The addon's JavaScript surface (typed in src/runtime/native.ts): loadModel()
-// builds a Model on a worker thread; its step() runs one batched forward pass
-// on a worker thread and dispose() frees its memory.
+// builds a Model and its step() runs one batched forward pass, both on the
+// compute thread (compute_thread.h) while a libuv worker waits for them;
+// dispose() frees its memory.
 #include <napi.h>
 #include <omp.h>
 #include <memory>
 #include <stdexcept>
 #include "mlx_quant.h"
+#include "compute_thread.h"
 #include "cuda_backend.h"
 #include "model.h"
 #include "quant.h"
@@ -271,7 +273,7 @@ class StepWorker : public Napi::AsyncWorker {
 
   void Execute() override {
     try {
-      out_ = model_->step(in_);
+      runOnComputeThread([this] { out_ = model_->step(in_); });
     } catch (const std::exception& e) {
       SetError(e.what());
     } catch (...) {
@@ -329,8 +331,10 @@ class LoadWorker : public Napi::AsyncWorker {
 
   void Execute() override {
     try {
-      if (cuda_) model_ = loadCudaModel(std::move(cfg_), std::move(w_));
-      else model_ = std::make_unique<Model>(std::move(cfg_), std::move(w_));
+      runOnComputeThread([this] {
+        if (cuda_) model_ = loadCudaModel(std::move(cfg_), std::move(w_));
+        else model_ = std::make_unique<Model>(std::move(cfg_), std::move(w_));
+      });
     } catch (const std::exception& e) {
       SetError(e.what());
     } catch (...) {
@@ -458,7 +462,7 @@ class RooflineWorker : public Napi::AsyncWorker {
   Napi::Promise promise() { return deferred_.Promise(); }
   void Execute() override {
     try {
-      r_ = measureRooflines();
+      runOnComputeThread([this] { r_ = measureRooflines(); });
     } catch (const std::exception& e) {
       SetError(e.what());
     }
@@ -520,7 +524,7 @@ Napi::Value quantizeWeightsJs(const Napi::CallbackInfo& info) {
     if (cols % blockElems(d) != 0)
       throw std::invalid_argument("row length " + std::to_string(cols) + " is not a multiple of the block size " + std::to_string(blockElems(d)));
     auto out = Napi::Uint8Array::New(env, tensorBytes(d, static_cast<size_t>(rows), static_cast<size_t>(cols)));
-    quantizeWeights(d, x.Data(), rows, cols, out.Data());
+    runOnComputeThread([&] { quantizeWeights(d, x.Data(), rows, cols, out.Data()); });
     return out;
   } catch (const std::exception& e) {
     throw Napi::Error::New(env, e.what());
