@@ -22,13 +22,13 @@ namespace {
 constexpr int kTile = 4 * kMaxScoreQueries;
 
 // The score and value kernels for a pool of element E: fp32, or 16-bit widened in registers.
-void scores(const Kernels& k, DType, const float* const* qs, int nq, const float* kt, int bs, int hd, int n, float scale,
-            float* const* out) {
-  k.scores(qs, nq, kt, bs, hd, n, scale, out);
+void scores(const Kernels& k, DType, const float* const* qs, int nq, const float* kt, const void* ahead, int bs, int hd, int n,
+            float scale, float* const* out) {
+  k.scores(qs, nq, kt, ahead, bs, hd, n, scale, out);
 }
-void scores(const Kernels& k, DType kv, const float* const* qs, int nq, const uint16_t* kt, int bs, int hd, int n, float scale,
-            float* const* out) {
-  k.scoresHalf(qs, nq, kt, kv, bs, hd, n, scale, out);
+void scores(const Kernels& k, DType kv, const float* const* qs, int nq, const uint16_t* kt, const void* ahead, int bs, int hd, int n,
+            float scale, float* const* out) {
+  k.scoresHalf(qs, nq, kt, ahead, kv, bs, hd, n, scale, out);
 }
 void weightedSum(const Kernels& k, DType, const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd,
                  float* const* outs) {
@@ -74,15 +74,18 @@ void attend(const Kernels& k, const AttentionArgs& a) {
         for (int i = 0; i < nq; i++) sc[i] = scoreBuf.data() + i * padded;
         // Block by block, every query of the tile: a key block is fetched once and reused from L1
         // by all of them, so prefill's K traffic grows with (prompt length)² / tile, not (prompt length)².
+        // Each call prefetches the block read after it: the next key block, after the last one the first value block.
+        const auto headBlock = [&](const E* pool, int b) { return pool + (static_cast<size_t>(table[b]) * a.kvHeads + kvh) * a.hd * bs; };
         for (int b = 0; b * bs < maxCtx; b++) {
-          const E* kt = kCache + (static_cast<size_t>(table[b]) * a.kvHeads + kvh) * a.hd * bs;
+          const E* kt = headBlock(kCache, b);
+          const E* ahead = (b + 1) * bs < maxCtx ? headBlock(kCache, b + 1) : headBlock(vCache, 0);
           for (int g0 = 0; g0 < nq; g0 += kMaxScoreQueries) {
             const int m = std::min(kMaxScoreQueries, nq - g0);
             const int keys = std::min(bs, *std::max_element(ctx + g0, ctx + g0 + m) - b * bs);
             if (keys <= 0) continue;
             float* out[kMaxScoreQueries];
             for (int i = 0; i < m; i++) out[i] = sc[g0 + i] + b * bs;
-            scores(k, a.kvDtype, qs + g0, m, kt, bs, a.hd, keys, a.scale, out);
+            scores(k, a.kvDtype, qs + g0, m, kt, g0 == 0 ? ahead : nullptr, bs, a.hd, keys, a.scale, out);
           }
         }
         for (int i = 0; i < nq; i++) {

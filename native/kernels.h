@@ -98,21 +98,28 @@ MatmulMlxFn mlxMatmulFor(const char* kernelSet);
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
 constexpr int kMaxScoreQueries = 6;
+// How far ahead (in keys) the value kernels prefetch: one 32-token block.
+constexpr int kVRowsAhead = 32;
 
 // Attention scores of up to kMaxScoreQueries queries against the first n keys of one cache
 // block, keys stored dimension-major (kt[d * stride + j]):
 // out[q][j] = scale * sum over d, in order, of qs[q][d] * kt[d * stride + j].
 // Each key is a vector lane, so a score's value does not depend on how many
-// keys or queries are computed with it.
-using ScoresFn = void (*)(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out);
+// keys or queries are computed with it. `ahead` (or null): the cache block the
+// caller reads next, which the kernel may prefetch a row at a time while it
+// computes; blocks sit anywhere in the pool, so no hardware prefetcher finds it.
+using ScoresFn = void (*)(const float* const* qs, int nq, const float* kt, const void* ahead, int stride, int hd, int n, float scale,
+                          float* const* out);
 // Up to 3 queries' attention outputs: outs[q] = sum over keys j < ns[q], in key
 // order, of ps[q][j] * vrows[j] (hd floats each). Each output element is a
-// chain of FMAs in key order, as an axpy per key would compute it.
+// chain of FMAs in key order, as an axpy per key would compute it. The vector
+// kernels prefetch the row kVRowsAhead keys on (rows are scattered by block).
 using WeightedSumFn = void (*)(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs);
 // A bf16/f16 KV cache: ScoresFn and WeightedSumFn over 16-bit elements of type `kv`, each
 // widened exactly to fp32 in registers, then reduced in the same order as the fp32 kernels
 // (so a row's result is as independent of its batch as with an fp32 cache).
-using ScoresHalfFn = void (*)(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out);
+using ScoresHalfFn = void (*)(const float* const* qs, int nq, const uint16_t* kt, const void* ahead, DType kv, int stride, int hd, int n,
+                              float scale, float* const* out);
 using WeightedSumHalfFn = void (*)(const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, DType kv, int hd, float* const* outs);
 // The element a KV pool of dtype D stores.
 template <DType D>
@@ -121,6 +128,13 @@ template <>
 struct KvElemOf<DType::F32> { using type = float; };
 template <DType D>
 using KvElem = typename KvElemOf<D>::type;
+// Asks for the n cached elements at p, a line at a time: cache blocks sit anywhere in the
+// pool, where no hardware prefetcher looks, so the attention kernels fetch the next ones.
+template <DType D>
+inline void prefetchRow(const KvElem<D>* p, int n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (size_t o = 0; o < n * sizeof(KvElem<D>); o += 64) __builtin_prefetch(c + o, 0, 3);
+}
 // g[i] = silu(g[i]) * u[i]
 using SiluMulFn = void (*)(float* g, const float* u, int n);
 // s[i] = exp(s[i] - max); returns the sum of the new s, in a fixed order.

@@ -201,7 +201,7 @@ inline __m256 loadKv(const KvElem<D>* p, int lanes, __m256i mask) {
 }
 
 template <DType D, int NQ>
-void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
+void scoresN(const float* const* qs, const KvElem<D>* kt, const void* ahead, int stride, int hd, int n, float scale, float* const* out) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int j = 0; j < n; j += 8) {
     const int lanes = n - j >= 8 ? 8 : n - j;
@@ -209,6 +209,7 @@ void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, in
     __m256 acc[NQ];
     for (int q = 0; q < NQ; q++) acc[q] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d++) {
+      if (j == 0 && ahead) prefetchRow<D>(static_cast<const KvElem<D>*>(ahead) + static_cast<size_t>(d) * stride, stride);
       const __m256 k = loadKv<D>(kt + static_cast<size_t>(d) * stride + j, lanes, m);
       for (int q = 0; q < NQ; q++) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qs[q][d]), k, acc[q]);
     }
@@ -218,14 +219,15 @@ void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, in
 
 // The query count is a template argument so the accumulators live in registers.
 template <DType D>
-void scoresTyped(const float* const* qs, int nq, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
+void scoresTyped(const float* const* qs, int nq, const KvElem<D>* kt, const void* ahead, int stride, int hd, int n, float scale,
+                 float* const* out) {
   switch (nq) {
-    case 6: return scoresN<D, 6>(qs, kt, stride, hd, n, scale, out);
-    case 5: return scoresN<D, 5>(qs, kt, stride, hd, n, scale, out);
-    case 4: return scoresN<D, 4>(qs, kt, stride, hd, n, scale, out);
-    case 3: return scoresN<D, 3>(qs, kt, stride, hd, n, scale, out);
-    case 2: return scoresN<D, 2>(qs, kt, stride, hd, n, scale, out);
-    default: return scoresN<D, 1>(qs, kt, stride, hd, n, scale, out);
+    case 6: return scoresN<D, 6>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 5: return scoresN<D, 5>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 4: return scoresN<D, 4>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 3: return scoresN<D, 3>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 2: return scoresN<D, 2>(qs, kt, ahead, stride, hd, n, scale, out);
+    default: return scoresN<D, 1>(qs, kt, ahead, stride, hd, n, scale, out);
   }
 }
 
@@ -249,13 +251,17 @@ void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvEle
   for (int q = 0; q < nq; q++) {
     float* o = outs[q];
     for (int d = 0; d < hd; d++) o[d] = 0.0f;
-    for (int j = 0; j < ns[q]; j++) axpyKv<D>(ps[q][j], vrows[j], o, hd);
+    for (int j = 0; j < ns[q]; j++) {
+      if (j + kVRowsAhead < ns[q]) prefetchRow<D>(vrows[j + kVRowsAhead], hd);
+      axpyKv<D>(ps[q][j], vrows[j], o, hd);
+    }
   }
 }
 
-void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out) {
-  if (kv == DType::F16) scoresTyped<DType::F16>(qs, nq, kt, stride, hd, n, scale, out);
-  else scoresTyped<DType::BF16>(qs, nq, kt, stride, hd, n, scale, out);
+void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, const void* ahead, DType kv, int stride, int hd, int n, float scale,
+                float* const* out) {
+  if (kv == DType::F16) scoresTyped<DType::F16>(qs, nq, kt, ahead, stride, hd, n, scale, out);
+  else scoresTyped<DType::BF16>(qs, nq, kt, ahead, stride, hd, n, scale, out);
 }
 
 void weightedSumHalf(const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, DType kv, int hd, float* const* outs) {

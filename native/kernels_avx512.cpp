@@ -204,6 +204,7 @@ inline void weightedSumRange(const float* const* ps, const KvElem<D>* const* vro
   for (int q = 0; q < NQ; q++)
     for (int c = 0; c < NV; c++) acc[q][c] = fresh ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask(c), outs[q] + d0 + 16 * c);
   for (int j = j0; j < j1; j++) {
+    if (j + kVRowsAhead < j1) prefetchRow<D>(vrows[j + kVRowsAhead] + d0, NV * 16);
     const KvElem<D>* v = vrows[j] + d0;
     __m512 p[NQ];
     for (int q = 0; q < NQ; q++) p[q] = _mm512_set1_ps(ps[q][j]);
@@ -255,7 +256,7 @@ void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvEle
 // Two 16-key vectors per dimension (a 32-key block's whole row of a dimension), so each query
 // runs two independent FMA chains; a score still sums its dimensions in order.
 template <DType D, int NQ>
-void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
+void scoresN(const float* const* qs, const KvElem<D>* kt, const void* ahead, int stride, int hd, int n, float scale, float* const* out) {
   const __m512 sv = _mm512_set1_ps(scale);
   for (int j = 0; j < n; j += 32) {
     const auto maskAt = [n](int from) -> __mmask16 {
@@ -265,6 +266,7 @@ void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, in
     __m512 acc0[NQ], acc1[NQ];
     for (int q = 0; q < NQ; q++) acc0[q] = acc1[q] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
+      if (j == 0 && ahead) prefetchRow<D>(static_cast<const KvElem<D>*>(ahead) + static_cast<size_t>(d) * stride, stride);
       const KvElem<D>* row = kt + static_cast<size_t>(d) * stride + j;
       const __m512 k0 = loadKv<D>(row, m0), k1 = loadKv<D>(row + 16, m1);
       for (int q = 0; q < NQ; q++) {
@@ -282,20 +284,22 @@ void scoresN(const float* const* qs, const KvElem<D>* kt, int stride, int hd, in
 
 // The query count is a template argument so the accumulators live in registers.
 template <DType D>
-void scoresTyped(const float* const* qs, int nq, const KvElem<D>* kt, int stride, int hd, int n, float scale, float* const* out) {
+void scoresTyped(const float* const* qs, int nq, const KvElem<D>* kt, const void* ahead, int stride, int hd, int n, float scale,
+                 float* const* out) {
   switch (nq) {
-    case 6: return scoresN<D, 6>(qs, kt, stride, hd, n, scale, out);
-    case 5: return scoresN<D, 5>(qs, kt, stride, hd, n, scale, out);
-    case 4: return scoresN<D, 4>(qs, kt, stride, hd, n, scale, out);
-    case 3: return scoresN<D, 3>(qs, kt, stride, hd, n, scale, out);
-    case 2: return scoresN<D, 2>(qs, kt, stride, hd, n, scale, out);
-    default: return scoresN<D, 1>(qs, kt, stride, hd, n, scale, out);
+    case 6: return scoresN<D, 6>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 5: return scoresN<D, 5>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 4: return scoresN<D, 4>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 3: return scoresN<D, 3>(qs, kt, ahead, stride, hd, n, scale, out);
+    case 2: return scoresN<D, 2>(qs, kt, ahead, stride, hd, n, scale, out);
+    default: return scoresN<D, 1>(qs, kt, ahead, stride, hd, n, scale, out);
   }
 }
 
-void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out) {
-  if (kv == DType::F16) scoresTyped<DType::F16>(qs, nq, kt, stride, hd, n, scale, out);
-  else scoresTyped<DType::BF16>(qs, nq, kt, stride, hd, n, scale, out);
+void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, const void* ahead, DType kv, int stride, int hd, int n, float scale,
+                float* const* out) {
+  if (kv == DType::F16) scoresTyped<DType::F16>(qs, nq, kt, ahead, stride, hd, n, scale, out);
+  else scoresTyped<DType::BF16>(qs, nq, kt, ahead, stride, hd, n, scale, out);
 }
 
 void weightedSumHalf(const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, DType kv, int hd, float* const* outs) {

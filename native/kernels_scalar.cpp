@@ -123,7 +123,8 @@ void weightedSumTyped(const float* const* ps, const int* ns, int nq, const E* co
   }
 }
 
-void scores(const float* const* qs, int nq, const float* kt, int stride, int hd, int n, float scale, float* const* out) {
+// The reference does not prefetch (`ahead` is a hint).
+void scores(const float* const* qs, int nq, const float* kt, const void*, int stride, int hd, int n, float scale, float* const* out) {
   scoresTyped(qs, nq, kt, stride, hd, n, scale, out, [](float x) { return widenKv(x); });
 }
 
@@ -131,7 +132,8 @@ void weightedSum(const float* const* ps, const int* ns, int nq, const float* con
   weightedSumTyped(ps, ns, nq, vrows, hd, outs, [](float x) { return widenKv(x); });
 }
 
-void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, DType kv, int stride, int hd, int n, float scale, float* const* out) {
+void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, const void*, DType kv, int stride, int hd, int n, float scale,
+                float* const* out) {
   scoresTyped(qs, nq, kt, stride, hd, n, scale, out, [kv](uint16_t x) { return widenKv(x, kv); });
 }
 
