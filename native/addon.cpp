@@ -509,7 +509,8 @@ Napi::Value loadModel(const Napi::CallbackInfo& info) {
 }
 
 // quantizeWeights(type, values, cols): the rows of `values` (cols each) as ggml blocks of
-// `type` ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k"). Synchronous: it is for the CLI's quantizer.
+// `type` ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k"). Synchronous: it is for the CLI's quantizer
+// (run on the compute thread, which the caller waits for, as every OpenMP user does).
 Napi::Value quantizeWeightsJs(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   try {

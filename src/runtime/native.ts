@@ -211,7 +211,8 @@ export interface NativeProfile {
 /** After dispose(), step() rejects and info() / takeProfile() throw, with "model disposed". */
 export interface NativeModel {
   /**
-   * Runs off the event loop; rejects on bad input (a malformed batch), native
+   * Runs off the event loop, on the addon's one compute thread (the steps of
+   * several models take turns); rejects on bad input (a malformed batch), native
    * failure, a step already in flight or a disposed model. Bad sampling
    * parameters fail only their row (NativeStepOutput.rowErrors).
    */
@@ -247,7 +248,7 @@ export interface NativeRooflines {
 export interface NativeAddon {
   /**
    * Maps the checkpoint files, then reads and repacks every matrix and
-   * reserves the KV pools on a worker thread. Rejects on a bad spec or an
+   * reserves the KV pools on the addon's compute thread. Rejects on a bad spec or an
    * unreadable file.
    */
   loadModel(spec: NativeModelSpec): Promise<NativeModel>;
@@ -260,8 +261,9 @@ export interface NativeAddon {
   measureRooflines(): Promise<NativeRooflines>;
   /**
    * The rows of `values` (`cols` each, a multiple of the type's block) as ggml blocks of `type`,
-   * the bytes llama.cpp reads (`weft quantize`). Synchronous, on every thread; throws on a
-   * non-finite value, naming its row and column.
+   * the bytes llama.cpp reads (`weft quantize`). Synchronous: the caller waits while the compute
+   * thread runs it on every core (after any step in flight); throws on a non-finite value, naming
+   * its row and column.
    */
   quantizeWeights(type: QuantizeType, values: Float32Array, cols: number): Uint8Array;
   /** Whether this build has the CUDA backend (nvcc and cuBLAS were found when it was built). */
