@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace weft {
 
@@ -98,6 +99,19 @@ MatmulMlxFn mlxMatmulFor(const char* kernelSet);
 using AxpyFn = void (*)(float alpha, const float* x, float* y, int n);
 
 constexpr int kMaxScoreQueries = 6;
+// f(std::integral_constant<int, nq>{}) for 1 <= nq <= kMaxScoreQueries: the score kernels take
+// their query count as a template argument, so that their accumulators stay in registers.
+template <class F>
+inline void withQueryCount(int nq, F&& f) {
+  switch (nq) {
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
+  }
+}
 // How far ahead (in keys) the value kernels prefetch: one 32-token block.
 constexpr int kVRowsAhead = 32;
 

@@ -217,18 +217,10 @@ void scoresN(const float* const* qs, const KvElem<D>* kt, const void* ahead, int
   }
 }
 
-// The query count is a template argument so the accumulators live in registers.
 template <DType D>
 void scoresTyped(const float* const* qs, int nq, const KvElem<D>* kt, const void* ahead, int stride, int hd, int n, float scale,
                  float* const* out) {
-  switch (nq) {
-    case 6: return scoresN<D, 6>(qs, kt, ahead, stride, hd, n, scale, out);
-    case 5: return scoresN<D, 5>(qs, kt, ahead, stride, hd, n, scale, out);
-    case 4: return scoresN<D, 4>(qs, kt, ahead, stride, hd, n, scale, out);
-    case 3: return scoresN<D, 3>(qs, kt, ahead, stride, hd, n, scale, out);
-    case 2: return scoresN<D, 2>(qs, kt, ahead, stride, hd, n, scale, out);
-    default: return scoresN<D, 1>(qs, kt, ahead, stride, hd, n, scale, out);
-  }
+  withQueryCount(nq, [&](auto q) { scoresN<D, decltype(q)::value>(qs, kt, ahead, stride, hd, n, scale, out); });
 }
 
 // y[i] += alpha * x[i] for a cached V row: the same operations as axpy on the widened row.
