@@ -55,6 +55,8 @@ void attend(const Kernels& k, const AttentionArgs& a) {
     for (int job = 0; job < jobs; job++) {
       const int s = job / a.kvHeads, kvh = job % a.kvHeads;
       const int32_t* table = a.blockTables + static_cast<size_t>(s) * a.maxBlocks;
+      // This head's keys (or values) in the sequence's block b: one contiguous run of hd × bs elements.
+      const auto headBlock = [&](const E* pool, int b) { return pool + (static_cast<size_t>(table[b]) * a.kvHeads + kvh) * a.hd * bs; };
       const int rows = a.seqStarts[s + 1] - a.seqStarts[s];
       const int nQueries = rows * group;
       for (int q0 = 0; q0 < nQueries; q0 += kTile) {
@@ -75,7 +77,6 @@ void attend(const Kernels& k, const AttentionArgs& a) {
         // Block by block, every query of the tile: a key block is fetched once and reused from L1
         // by all of them, so prefill's K traffic grows with (prompt length)² / tile, not (prompt length)².
         // Each call prefetches the block read after it: the next key block, after the last one the first value block.
-        const auto headBlock = [&](const E* pool, int b) { return pool + (static_cast<size_t>(table[b]) * a.kvHeads + kvh) * a.hd * bs; };
         for (int b = 0; b * bs < maxCtx; b++) {
           const E* kt = headBlock(kCache, b);
           const E* ahead = (b + 1) * bs < maxCtx ? headBlock(kCache, b + 1) : headBlock(vCache, 0);
@@ -95,7 +96,7 @@ void attend(const Kernels& k, const AttentionArgs& a) {
         }
         if (vrows.size() < static_cast<size_t>(maxCtx)) vrows.resize(maxCtx);
         for (int j = 0; j < maxCtx; j++)
-          vrows[j] = vCache + ((static_cast<size_t>(table[j / bs]) * a.kvHeads + kvh) * bs + j % bs) * a.hd;
+          vrows[j] = headBlock(vCache, j / bs) + static_cast<size_t>(j % bs) * a.hd;
         for (int i = 0; i < nq; i += 3) {  // values: three queries share each loaded V row
           const int m = std::min(3, nq - i);
           const float* ps[3];
