@@ -39,6 +39,18 @@ void weightedSum(const Kernels& k, DType kv, const float* const* ps, const int* 
   k.weightedSumHalf(ps, ns, nq, vrows, kv, hd, outs);
 }
 
+// The largest of n scores: sixteen running maxima (max is exact, so any order gives the same
+// value), so that the compares are not one chain of dependent instructions.
+float maxScore(const float* s, int n) {
+  float m[16];
+  for (int i = 0; i < 16; i++) m[i] = s[0];
+  int j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int i = 0; i < 16; i++) m[i] = std::max(m[i], s[j + i]);
+  for (; j < n; j++) m[0] = std::max(m[0], s[j]);
+  return *std::max_element(m, m + 16);
+}
+
 template <class E>
 void attend(const Kernels& k, const AttentionArgs& a) {
   const int group = a.heads / a.kvHeads;
@@ -90,8 +102,7 @@ void attend(const Kernels& k, const AttentionArgs& a) {
           }
         }
         for (int i = 0; i < nq; i++) {
-          const float maxScore = *std::max_element(sc[i], sc[i] + ctx[i]);
-          const float inv = 1.0f / k.expSum(sc[i], ctx[i], maxScore);
+          const float inv = 1.0f / k.expSum(sc[i], ctx[i], maxScore(sc[i], ctx[i]));
           for (int j = 0; j < ctx[i]; j++) sc[i][j] *= inv;
         }
         if (vrows.size() < static_cast<size_t>(maxCtx)) vrows.resize(maxCtx);

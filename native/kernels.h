@@ -142,12 +142,13 @@ template <>
 struct KvElemOf<DType::F32> { using type = float; };
 template <DType D>
 using KvElem = typename KvElemOf<D>::type;
-// Asks for the n cached elements at p, a line at a time: cache blocks sit anywhere in the
-// pool, where no hardware prefetcher looks, so the attention kernels fetch the next ones.
+// Asks for the n cached elements at p, a line at a time, into L2: cache blocks sit anywhere in
+// the pool, where no hardware prefetcher looks, so the attention kernels fetch the next ones.
+// (Into L1 they held the core's few L1 miss buffers: attention took 9 % longer at 32 sequences.)
 template <DType D>
 inline void prefetchRow(const KvElem<D>* p, int n) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (size_t o = 0; o < n * sizeof(KvElem<D>); o += 64) __builtin_prefetch(c + o, 0, 3);
+  for (size_t o = 0; o < n * sizeof(KvElem<D>); o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 // g[i] = silu(g[i]) * u[i]
 using SiluMulFn = void (*)(float* g, const float* u, int n);

@@ -85,10 +85,57 @@ inline void block(const uint16_t* xp, int t0, int m0, int m1, const PackedMatrix
   if (TwoRows && TwoCols) WEFT_STORE_C(3, t0 + 16, m1, g + 1);
 }
 
-// Column tiles in pairs, outermost: their weights stay in L2 while every row passes.
+// Up to 16 rows × 4 column tiles: four weight streams in flight (one or two leave the memory
+// system idle between a core's requests). C 0-3, A 4, B 5-7 (column 3 reuses B 5 after column 0's product).
+TileConfig configFor4(int m) {
+  TileConfig c;
+  for (int t : {0, 1, 2, 3, 4}) c.set(t, m, 64);
+  for (int t : {5, 6, 7}) c.set(t, 16, 64);
+  return c;
+}
+
+inline void block4(const uint16_t* xp, int t0, int m, const PackedMatrix& w, int g, float* y) {
+  const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
+  const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols, tileElems = kTileK * kTileCols;
+  const long xStride = static_cast<long>(w.Kp) * 2;
+  const uint16_t* x0 = xp + static_cast<size_t>(t0) * w.Kp;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int tiles = w.Kp / kTileK;
+  for (int kb = 0; kb < tiles; kb++) {
+    if (kb + kPrefetchTiles < tiles) {
+      const char* next = reinterpret_cast<const char*>(wg + (kb + kPrefetchTiles) * tileElems);
+      for (int line = 0; line < 1024; line += 64)
+        for (int c = 0; c < 4; c++) _mm_prefetch(next + tileStride * 2 * c + line, _MM_HINT_T0);
+    }
+    const uint16_t* wk = wg + kb * tileElems;
+    _tile_loadd(4, x0 + kb * kTileK, xStride);
+    _tile_loadd(5, wk, 64);
+    _tile_loadd(6, wk + tileStride, 64);
+    _tile_loadd(7, wk + 2 * tileStride, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, wk + 3 * tileStride, 64);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  alignas(64) float buf[16 * kTileCols];
+  WEFT_STORE_C(0, t0, m, g);
+  WEFT_STORE_C(1, t0, m, g + 1);
+  WEFT_STORE_C(2, t0, m, g + 2);
+  WEFT_STORE_C(3, t0, m, g + 3);
+}
+
+// Column tiles in fours (up to 16 rows) or pairs, outermost: their weights stay in L2 while every row passes.
 void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   TileScope tiles;
   int c0 = -1, c1 = -1;
+  if (T <= 16) {  // (more rows: two row tiles × two columns; 16-row passes over four columns measured no faster)
+    tiles.load(configFor4(T));
+    for (; g0 + 4 <= g1; g0 += 4) block4(xp, 0, T, w, g0, y);
+  }
   for (int g = g0; g < g1; g += 2) {
     const bool twoCols = g + 1 < g1;
     for (int t = 0; t < T; t += 32) {

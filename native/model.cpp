@@ -59,6 +59,7 @@ Model::Model(ModelConfig config, Weights weights)
       if (kCache_) munmap(kCache_, kvPoolBytes());  // no destructor runs for a throwing constructor
       throw std::runtime_error("cannot allocate the KV cache (" + std::to_string(kvCacheBytes() >> 20) + " MiB)");
     }
+    madvise(mem, kvPoolBytes(), MADV_HUGEPAGE);
     *pool = mem;
   }
 }
