@@ -286,6 +286,7 @@ void panelRows(const S& p, const ActTiles& xt, int tt, int rows, const float* mi
   alignas(64) int32_t sums[kSumBufs * kCols * kToks];
   alignas(64) float scale[kCols];
   __m512 acc[kCols];
+#pragma GCC unroll 16
   for (int j = 0; j < kCols; j++) acc[j] = _mm512_setzero_ps();
   const int groups = xt.nb * kPerBlock;
   Ahead ahead = tt == 0 ? p.ahead(groups) : Ahead();  // the first row tile brings the rows ahead
@@ -316,6 +317,7 @@ void panelRows(const S& p, const ActTiles& xt, int tt, int rows, const float* mi
       acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + kToks * j)), _mm512_mul_ps(_mm512_set1_ps(scale[j]), d), acc[j]);
   }
   alignas(64) float out[kCols][kToks];
+#pragma GCC unroll 16
   for (int j = 0; j < kCols; j++) _mm512_store_ps(out[j], acc[j]);
   if (mins) addMins(xt, tt, mins, out);
   for (int j = 0; j < cols; j++)
