@@ -246,21 +246,30 @@ struct ActTiles {
   const float* rowS(int tt, int b) const { return s.data() + at(tt, b) * kToks; }
 };
 
+// Per tile and block, each of the 8 rows gathers one 4-byte word from each of the tile's rows
+// (lanes past T read nothing and stay zero), as do d and s: every thread repacks the whole step,
+// and word by word that was a fifth of a 32-row call's samples (`perf` on native/tools/quant-matmul-timing).
 void repack(const QuantActBlock* x, int T, int nb, ActTiles& out) {
+  static_assert(sizeof(QuantActBlock) == 8 + kQBlock, "d, s, then the quants");
   const int tiles = (T + kToks - 1) / kToks;
   out.nb = nb;
-  out.q.assign(static_cast<size_t>(tiles) * nb * (kQBlock / 4) * 64, 0);
-  out.d.assign(static_cast<size_t>(tiles) * nb * kToks, 0.0f);
-  out.s.assign(static_cast<size_t>(tiles) * nb * kToks, 0.0f);
-  for (int t = 0; t < T; t++)
+  out.q.resize(static_cast<size_t>(tiles) * nb * (kQBlock / 4) * 64);
+  out.d.resize(static_cast<size_t>(tiles) * nb * kToks);
+  out.s.resize(static_cast<size_t>(tiles) * nb * kToks);
+  const __m512i rowOffsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                _mm512_set1_epi32(static_cast<int>(nb * sizeof(QuantActBlock))));
+  for (int tt = 0; tt < tiles; tt++) {
+    const int rows = std::min(kToks, T - tt * kToks);
+    const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
     for (int b = 0; b < nb; b++) {
-      const QuantActBlock& xb = x[static_cast<size_t>(t) * nb + b];
-      const int tt = t / kToks, lane = t % kToks;
-      int8_t* dst = out.q.data() + out.at(tt, b) * (kQBlock / 4) * 64 + 4 * lane;
-      for (int k4 = 0; k4 < kQBlock / 4; k4++) std::memcpy(dst + 64 * k4, xb.q + 4 * k4, 4);
-      out.d[out.at(tt, b) * kToks + lane] = xb.d;
-      out.s[out.at(tt, b) * kToks + lane] = xb.s;
+      const char* first = reinterpret_cast<const char*>(x + static_cast<size_t>(tt) * kToks * nb + b);
+      const auto gather = [&](int at) { return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rowOffsets, first + at, 1); };
+      int8_t* q = out.q.data() + out.at(tt, b) * (kQBlock / 4) * 64;
+      for (int k4 = 0; k4 < kQBlock / 4; k4++) _mm512_storeu_si512(q + 64 * k4, gather(8 + 4 * k4));
+      _mm512_storeu_si512(out.d.data() + out.at(tt, b) * kToks, gather(0));
+      _mm512_storeu_si512(out.s.data() + out.at(tt, b) * kToks, gather(4));
     }
+  }
 }
 
 // Q4_K's min chains (per output, macc = fma(m_b, x_b.s, macc) in block order), added to
