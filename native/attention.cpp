@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 #include "ops.h"
+#include "sampling.h"
 
 namespace weft {
 namespace {
@@ -37,18 +38,6 @@ void weightedSum(const Kernels& k, DType, const float* const* ps, const int* ns,
 void weightedSum(const Kernels& k, DType kv, const float* const* ps, const int* ns, int nq, const uint16_t* const* vrows, int hd,
                  float* const* outs) {
   k.weightedSumHalf(ps, ns, nq, vrows, kv, hd, outs);
-}
-
-// The largest of n scores: sixteen running maxima (max is exact, so any order gives the same
-// value), so that the compares are not one chain of dependent instructions.
-float maxScore(const float* s, int n) {
-  float m[16];
-  for (int i = 0; i < 16; i++) m[i] = s[0];
-  int j = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int i = 0; i < 16; i++) m[i] = std::max(m[i], s[j + i]);
-  for (; j < n; j++) m[0] = std::max(m[0], s[j]);
-  return *std::max_element(m, m + 16);
 }
 
 template <class E>
@@ -102,7 +91,7 @@ void attend(const Kernels& k, const AttentionArgs& a) {
           }
         }
         for (int i = 0; i < nq; i++) {
-          const float inv = 1.0f / k.expSum(sc[i], ctx[i], maxScore(sc[i], ctx[i]));
+          const float inv = 1.0f / k.expSum(sc[i], ctx[i], sc[i][argmax(sc[i], ctx[i])]);  // argmax: no chain of dependent compares
           for (int j = 0; j < ctx[i]; j++) sc[i][j] *= inv;
         }
         if (vrows.size() < static_cast<size_t>(maxCtx)) vrows.resize(maxCtx);

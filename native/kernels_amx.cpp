@@ -46,6 +46,16 @@ inline void copyC(const float* buf, float* y, const PackedMatrix& w, int t0, int
 
 constexpr int kPrefetchTiles = 4;
 
+// Tile loads wait on memory: asks for the weights of Cols column tiles (tileStride elements
+// apart) kPrefetchTiles tiles ahead of tile kb.
+template <int Cols>
+inline void prefetchAhead(const uint16_t* wg, int kb, int tiles, size_t tileStride) {
+  if (kb + kPrefetchTiles >= tiles) return;
+  const char* next = reinterpret_cast<const char*>(wg + static_cast<size_t>(kb + kPrefetchTiles) * kTileK * kTileCols);
+  for (int line = 0; line < 1024; line += 64)
+    for (int c = 0; c < Cols; c++) _mm_prefetch(next + tileStride * 2 * c + line, _MM_HINT_T0);
+}
+
 // Up to 32 rows × up to 2 column tiles, accumulated in tiles across the whole of K.
 template <bool TwoRows, bool TwoCols>
 inline void block(const uint16_t* xp, int t0, int m0, int m1, const PackedMatrix& w, int g, float* y) {
@@ -60,13 +70,7 @@ inline void block(const uint16_t* xp, int t0, int m0, int m1, const PackedMatrix
   if (TwoRows && TwoCols) _tile_zero(3);
   const int tiles = w.Kp / kTileK;
   for (int kb = 0; kb < tiles; kb++) {
-    if (kb + kPrefetchTiles < tiles) {  // tile loads wait on memory; ask for the weights a few tiles ahead
-      const char* next = reinterpret_cast<const char*>(wg + (kb + kPrefetchTiles) * tileElems);
-      for (int line = 0; line < 1024; line += 64) {
-        _mm_prefetch(next + line, _MM_HINT_T0);
-        if (TwoCols) _mm_prefetch(next + tileStride * 2 + line, _MM_HINT_T0);
-      }
-    }
+    prefetchAhead<TwoCols ? 2 : 1>(wg, kb, tiles, tileStride);
     _tile_loadd(4, x0 + kb * kTileK, xStride);
     if (TwoRows) _tile_loadd(5, x1 + kb * kTileK, xStride);
     _tile_loadd(6, wg + kb * tileElems, 64);
@@ -94,24 +98,19 @@ TileConfig configFor4(int m) {
   return c;
 }
 
-inline void block4(const uint16_t* xp, int t0, int m, const PackedMatrix& w, int g, float* y) {
+inline void block4(const uint16_t* xp, int m, const PackedMatrix& w, int g, float* y) {
   const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
   const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols, tileElems = kTileK * kTileCols;
   const long xStride = static_cast<long>(w.Kp) * 2;
-  const uint16_t* x0 = xp + static_cast<size_t>(t0) * w.Kp;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
   const int tiles = w.Kp / kTileK;
   for (int kb = 0; kb < tiles; kb++) {
-    if (kb + kPrefetchTiles < tiles) {
-      const char* next = reinterpret_cast<const char*>(wg + (kb + kPrefetchTiles) * tileElems);
-      for (int line = 0; line < 1024; line += 64)
-        for (int c = 0; c < 4; c++) _mm_prefetch(next + tileStride * 2 * c + line, _MM_HINT_T0);
-    }
+    prefetchAhead<4>(wg, kb, tiles, tileStride);
     const uint16_t* wk = wg + kb * tileElems;
-    _tile_loadd(4, x0 + kb * kTileK, xStride);
+    _tile_loadd(4, xp + kb * kTileK, xStride);
     _tile_loadd(5, wk, 64);
     _tile_loadd(6, wk + tileStride, 64);
     _tile_loadd(7, wk + 2 * tileStride, 64);
@@ -122,10 +121,10 @@ inline void block4(const uint16_t* xp, int t0, int m, const PackedMatrix& w, int
     _tile_dpbf16ps(3, 4, 5);
   }
   alignas(64) float buf[16 * kTileCols];
-  WEFT_STORE_C(0, t0, m, g);
-  WEFT_STORE_C(1, t0, m, g + 1);
-  WEFT_STORE_C(2, t0, m, g + 2);
-  WEFT_STORE_C(3, t0, m, g + 3);
+  WEFT_STORE_C(0, 0, m, g);
+  WEFT_STORE_C(1, 0, m, g + 1);
+  WEFT_STORE_C(2, 0, m, g + 2);
+  WEFT_STORE_C(3, 0, m, g + 3);
 }
 
 // Column tiles in fours (up to 16 rows) or pairs, outermost: their weights stay in L2 while every row passes.
@@ -134,7 +133,7 @@ void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int 
   int c0 = -1, c1 = -1;
   if (T <= 16) {  // (more rows: two row tiles × two columns; 16-row passes over four columns measured no faster)
     tiles.load(configFor4(T));
-    for (; g0 + 4 <= g1; g0 += 4) block4(xp, 0, T, w, g0, y);
+    for (; g0 + 4 <= g1; g0 += 4) block4(xp, T, w, g0, y);
   }
   for (int g = g0; g < g1; g += 2) {
     const bool twoCols = g + 1 < g1;

@@ -47,6 +47,11 @@ constexpr int kPrefetchPanels = 4;
 
 using U32x16 = uint32_t __attribute__((vector_size(64)));
 
+// Lane i holds i · stride: the offsets of 16 rows (or columns) `stride` apart, for gathers.
+inline __m512i laneOffsets(int stride) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride));
+}
+
 // Two sets of tiles, so that one group's products run while the other's are scaled:
 // A 0/1 (16 columns × a group's bytes), B 2/3 (bytes/4 rows × toks·4 bytes), C 4/5 (16 × toks int32).
 TileConfig configFor(int toks, int groupBytes) {
@@ -256,8 +261,7 @@ void repack(const QuantActBlock* x, int T, int nb, ActTiles& out) {
   out.q.resize(static_cast<size_t>(tiles) * nb * (kQBlock / 4) * 64);
   out.d.resize(static_cast<size_t>(tiles) * nb * kToks);
   out.s.resize(static_cast<size_t>(tiles) * nb * kToks);
-  const __m512i rowOffsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                _mm512_set1_epi32(static_cast<int>(nb * sizeof(QuantActBlock))));
+  const __m512i rowOffsets = laneOffsets(static_cast<int>(nb * sizeof(QuantActBlock)));
   for (int tt = 0; tt < tiles; tt++) {
     const int rows = std::min(kToks, T - tt * kToks);
     const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
@@ -331,7 +335,7 @@ void panelRows(const S& p, const ActTiles& xt, int tt, int rows, const float* mi
   if (mins) addMins(xt, tt, mins, out);
   // Row r's 16 outputs gathered from the columns and stored as one vector: element by element,
   // the stores (each row's line rows apart, every line written 16 times) took half the kernel's time.
-  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kToks));
+  const __m512i column = laneOffsets(kToks);
   const __mmask16 written = static_cast<__mmask16>((1u << cols) - 1);
   for (int r = 0; r < rows; r++)
     _mm512_mask_storeu_ps(y + static_cast<size_t>(r) * N, written, _mm512_i32gather_ps(column, &out[0][r], 4));
@@ -511,8 +515,7 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
     tiles.emplace();
     tiles->load(configFor(std::min(T, kToks), groupBytes(w.dtype)));
   }
-  const __m512i rowOffsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                _mm512_set1_epi32(static_cast<int>(rowBytes)));
+  const __m512i rowOffsets = laneOffsets(static_cast<int>(rowBytes));
   for (int n = n0; n < n1; n += kCols) {
     const int cols = std::min(kCols, n1 - n);
     Rows p{static_cast<const uint8_t*>(w.data) + rowBytes * n, static_cast<long>(rowBytes), rowOffsets};
