@@ -17,6 +17,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { FIXTURES, readReference, readReferenceLogits, tempDir, tokenizerPackageDir } from "./helpers.js";
 import { mlxDequantize, mlxQuantize, writeMlxCopy } from "./support/mlx-quantize.js";
+import { nativeRmsnorm } from "./support/native-rmsnorm.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { exportGguf } from "../src/model/gguf-export.js";
 import { readSafetensors, readTensorBytes, writeSafetensors, type TensorToWrite } from "../src/model/safetensors.js";
@@ -100,15 +101,6 @@ async function probeLogits(dir: string, step: number): Promise<Float32Array[]> {
   } finally {
     await runner.dispose();
   }
-}
-
-/** The native rmsnorm (weight 1) in float32, operation by operation. */
-function rmsnorm(x: Float32Array): Float32Array {
-  const fr = Math.fround;
-  let ss = 0;
-  for (const v of x) ss = fr(ss + fr(v * v));
-  const inv = fr(1 / fr(Math.sqrt(fr(fr(ss / x.length) + RMS_EPS))));
-  return x.map((v) => fr(v * inv));
 }
 
 // ---- child: the probes' logits (and the fixture's) under a forced kernel set ----
@@ -247,7 +239,7 @@ for (const [i, p] of probes.entries()) {
     let worst = 0;
     for (let t = 0; t < ROWS; t++) {
       assert.ok(alone[t]!.every((v, j) => Object.is(v, batched[t]![j])), `token ${t} differs alone and in a batch of ${ROWS}`);
-      const x = rmsnorm(p.embed.subarray(t * K, (t + 1) * K));
+      const x = nativeRmsnorm(p.embed.subarray(t * K, (t + 1) * K), RMS_EPS);
       for (let n = 0; n < ROWS; n++) {
         let exact = 0, mag = 0;
         for (let k = 0; k < K; k++) {

@@ -22,6 +22,7 @@ import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { ModelRunner } from "../src/runtime/model-runner.js";
 import { loadNative } from "../src/runtime/native.js";
 import { tempDir } from "./helpers.js";
+import { nativeRmsnorm } from "./support/native-rmsnorm.js";
 import { ggmlQuantize, llamaModelQuantize } from "./support/ggml.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -60,15 +61,6 @@ function probeGguf(type: GgmlType, weights: Uint8Array, embed: Float32Array): st
     { name: "blk.0.ffn_down.weight", ...zeros(K, inter) },
   ]);
   return file;
-}
-
-/** The native rmsnorm (weight 1) in float32, operation by operation. */
-function rmsnorm(x: Float32Array): Float32Array {
-  const fr = Math.fround;
-  let ss = 0;
-  for (const v of x) ss = fr(ss + fr(v * v));
-  const inv = fr(1 / fr(Math.sqrt(fr(fr(ss / x.length) + RMS_EPS))));
-  return x.map((v) => fr(v * inv));
 }
 
 /** Activations quantized per 32-block to int8 as the kernels do: returns x̂ = d·q and each element's block scale d. */
@@ -186,7 +178,7 @@ for (const [k, type] of QUANT_TYPES.entries()) {
 function checkAgainstFp64(type: GgmlType, set: string, logits: Float32Array[], wd: Float32Array, embed: Float32Array, tokens: number[]): void {
   let worstTight = 0, worstBound = 0;
   for (const t of tokens) {
-    const xn = rmsnorm(embed.subarray(t * K, (t + 1) * K));
+    const xn = nativeRmsnorm(embed.subarray(t * K, (t + 1) * K), RMS_EPS);
     const { xq, d } = quantizeActs(xn);
     for (let n = 0; n < ROWS; n++) {
       let withActQuant = 0, exact = 0, mag = 0, bound = 0;
