@@ -253,7 +253,7 @@ struct ActTiles {
 
 // Per tile and block, each of the 8 rows gathers one 4-byte word from each of the tile's rows
 // (lanes past T read nothing and stay zero), as do d and s: every thread repacks the whole step,
-// and word by word that was a fifth of a 32-row call's samples (`perf` on native/tools/quant-matmul-timing).
+// and word by word that was a fifth of a 32-row call's samples (`perf` on native/tools/matmul-timing).
 void repack(const QuantActBlock* x, int T, int nb, ActTiles& out) {
   static_assert(sizeof(QuantActBlock) == 8 + kQBlock, "d, s, then the quants");
   const int tiles = (T + kToks - 1) / kToks;

@@ -1,0 +1,99 @@
+// Times one matmul alone, as a step calls it on the active kernel set, on random weights of
+// one type and shape: bf16 (matmulPackedBf16 on rows already rounded: the bfloat16 mode's
+// matmul) or a quantized type (matmulQuantized: the activations quantized, then every column
+// split across the OpenMP threads). For kernel work: a step's profile shows the matmuls'
+// share, this shows one kernel's cost. COPIES matrices of that shape are called in turn, so
+// with enough of them (their bytes well past the caches) the weights stream from memory as in
+// a step, and with one or two they stay in cache: the kernel's compute rate. Not part of the
+// addon or the tests. Build after the addon (it links the addon's own objects):
+//   O=build/Release/obj.target/weft_native/native
+//   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o
+// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply)
+#include <sys/mman.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+#include "kernels.h"
+#include "ops.h"
+#include "quant.h"
+
+using namespace weft;
+
+namespace {
+
+DType typeNamed(const char* s) {
+  if (strcmp(s, "bf16") == 0) return DType::BF16;
+  if (strcmp(s, "q4_k") == 0) return DType::Q4_K;
+  if (strcmp(s, "q6_k") == 0) return DType::Q6_K;
+  return DType::Q8_0;
+}
+
+// Random bytes every matrix of the run can read: bf16 elements near ±1 (no NaN, no
+// subnormals); quantized blocks whose f16 scales are all finite (each byte at most 0x3f).
+std::vector<uint8_t> randomBytes(DType dt, size_t bytes) {
+  std::mt19937 rng(1);
+  std::vector<uint8_t> data(bytes);
+  if (dt == DType::BF16) {
+    for (size_t i = 0; i + 1 < bytes; i += 2) {
+      const uint16_t v = static_cast<uint16_t>(0x3c00 | (rng() & 0x80ff));
+      std::memcpy(&data[i], &v, 2);
+    }
+  } else {
+    for (uint8_t& b : data) b = rng() & 0x3f;
+  }
+  return data;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s ROWS K N [bf16|q8_0|q4_k|q6_k] [COPIES]\n", argv[0]);
+    return 1;
+  }
+  const int T = atoi(argv[1]), K = atoi(argv[2]), N = atoi(argv[3]);
+  const char* type = argc > 4 ? argv[4] : "q8_0";
+  const int copies = argc > 5 ? atoi(argv[5]) : 1;
+  const DType dt = typeNamed(type);
+  const bool bf16 = dt == DType::BF16;
+  if (bf16 && (K % kTileK != 0 || N % kTileCols != 0)) {
+    fprintf(stderr, "bf16: K must be a multiple of %d and N of %d\n", kTileK, kTileCols);
+    return 1;
+  }
+  const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : tensorBytes(dt, N, K);
+  std::vector<uint8_t> data = randomBytes(dt, bytes * copies);
+  madvise(data.data(), data.size(), MADV_HUGEPAGE);  // as the addon's weights
+  std::vector<PackedMatrix> ws(copies);
+  for (int c = 0; c < copies; c++) {
+    ws[c].data = data.data() + bytes * c;
+    ws[c].dtype = dt;
+    ws[c].N = ws[c].Np = N;
+    ws[c].K = ws[c].Kp = K;
+  }
+  std::normal_distribution<float> normal;
+  std::mt19937 rng(2);
+  std::vector<float> x(static_cast<size_t>(T) * K), y(static_cast<size_t>(T) * N);
+  for (float& v : x) v = normal(rng);
+  std::vector<uint16_t> xp(x.size());
+  packActivationsBf16(x.data(), T, K, K, xp.data());
+  const Kernels& k = activeKernels();
+  const auto call = [&](const PackedMatrix& w) {
+    if (bf16) matmulPackedBf16(k, xp.data(), T, w, y.data());
+    else matmulQuantized(k, x.data(), T, w, y.data());
+  };
+  for (const PackedMatrix& w : ws) call(w);  // warm: pages touched, scratch grown, tiles requested
+  const int calls = std::max(20, copies);
+  printf("set %s, %s, %d rows x K %d x N %d, %d %s\n", k.name, type, T, K, N, copies, copies == 1 ? "matrix" : "matrices");
+  for (int rep = 0; rep < 3; rep++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; i++) call(ws[i % copies]);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+    // A unit of work: 16 output columns × 32 inputs × up to 16 rows (an AMX tile product).
+    const double units = (N / 16.0) * (K / 32.0) * ((T + 15) / 16);
+    printf("  %.3f ms a call, %.1f ns per 16 x 32 x 16 unit, weights read at %.1f GB/s\n", s * 1e3, s * 1e9 / units, bytes / s / 1e9);
+  }
+  return 0;
+}
