@@ -23,11 +23,12 @@ void perThreadRuns(int units, Run run) {
   }
 }
 
-// Σ x² of a row: element i into lane i % 16, then the lanes folded in halves (8, 4, 2, 1).
-// One fixed order whatever the row count or kernel set (this file is built for no ISA in
-// particular, so no FMA contraction), and sixteen independent chains where one sum was a
-// chain of n dependent adds (a quarter of a 32-row decode step's non-matmul time).
-float sumSquares(const float* x, int n) {
+// 1 / √(mean(x²) + eps) of a row, the scale RMSNorm applies. Σ x² takes element i into lane
+// i % 16, then folds the lanes in halves (8, 4, 2, 1): one fixed order whatever the row count or
+// kernel set (this file is built for no ISA in particular, so no FMA contraction), and sixteen
+// independent chains where one sum was a chain of n dependent adds (a quarter of a 32-row
+// decode step's non-matmul time).
+float inverseRms(const float* x, int n, float eps) {
   float lane[16] = {};
   int i = 0;
   for (; i + 16 <= n; i += 16)
@@ -35,7 +36,7 @@ float sumSquares(const float* x, int n) {
   for (; i < n; i++) lane[i % 16] += x[i] * x[i];
   for (int half = 8; half > 0; half /= 2)
     for (int j = 0; j < half; j++) lane[j] += lane[j + half];
-  return lane[0];
+  return 1.0f / std::sqrt(lane[0] / n + eps);
 }
 
 }  // namespace
@@ -89,7 +90,7 @@ void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps,
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * n;
     float* o = out.data() + static_cast<size_t>(t) * w.Kp;
-    const float inv = 1.0f / std::sqrt(sumSquares(xr, n) / n + eps);
+    const float inv = inverseRms(xr, n, eps);
     std::fill(o, o + w.Kp, 0.0f);
     for (int i = 0; i < n; i++) o[packedIndex(i, k.chunk, w.dtype)] = weight[i] * (xr[i] * inv);
   }
@@ -100,7 +101,7 @@ void rmsnorm(const float* x, const float* weight, float* out, int T, int n, floa
   for (int t = 0; t < T; t++) {
     const float* xr = x + static_cast<size_t>(t) * n;
     float* o = out + static_cast<size_t>(t) * n;
-    const float inv = 1.0f / std::sqrt(sumSquares(xr, n) / n + eps);
+    const float inv = inverseRms(xr, n, eps);
     for (int i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * inv);
   }
 }

@@ -1,5 +1,5 @@
 /**
- * The addon's RMSNorm with weight 1, in float32 operation by operation (`sumSquares` and `rmsnorm` in
+ * The addon's RMSNorm with weight 1, in float32 operation by operation (`inverseRms` and `rmsnorm` in
  * native/matmul.cpp): Σ x² in sixteen lanes (element i into lane i % 16) folded in halves, then
  * x · 1/√(Σ/n + eps). Tests that predict the native logits exactly start from it.
  */
