@@ -156,6 +156,7 @@ const Kernels& kernelsAmx() {
     s.name = "amx";
     s.matmulBf16 = matmulBf16;
     s.matmulQuant = matmulQuantAmx;
+    s.quantPanels = true;
     s.bf16Hardware = true;
     return s;
   }();

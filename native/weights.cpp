@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include "mlx_quant.h"
 #include "quant.h"
+#include "quant_panels.h"
 
 namespace weft {
 
@@ -69,11 +70,19 @@ PackedMatrix PackedStore::pack(const Tensor& t, int chunk) {
   return p;
 }
 
-PackedMatrix PackedStore::packQuantized(const Tensor& t) {
+PackedMatrix PackedStore::packQuantized(const Tensor& t, bool panels) {
   PackedMatrix p;
   p.dtype = t.dtype;
   p.N = p.Np = t.rows;
   p.K = p.Kp = t.cols;
+  p.vnniPanels = panels && panelType(t.dtype);
+  if (p.vnniPanels) {
+    p.Np = (t.rows + kPanelCols - 1) / kPanelCols * kPanelCols;
+    auto* mem = static_cast<uint8_t*>(reserve(panelBytes(t.dtype, t.rows, t.cols)));
+    packQuantPanels(t.dtype, static_cast<const uint8_t*>(t.data), t.rows, t.cols, mem);
+    p.data = mem;
+    return p;
+  }
   const size_t bytes = tensorBytes(t.dtype, t.rows, t.cols);
   void* mem = reserve(bytes);
   std::memcpy(mem, t.data, bytes);

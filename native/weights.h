@@ -50,7 +50,8 @@ class PackedStore {
   PackedMatrix pack(const Tensor& t, int chunk);
   // Copies a block-quantized `t` as it is: rows of ggml blocks, which the
   // quantized kernels read one row at a time (a column group's rows are contiguous).
-  PackedMatrix packQuantized(const Tensor& t);
+  // As stored, or in VNNI panels (quant_panels.h) where `panels` and the type has them.
+  PackedMatrix packQuantized(const Tensor& t, bool panels);
   // Copies an MLX-quantized `t` as it is: its words, scales and biases.
   PackedMatrix packMlx(const Tensor& t);
   // Repacks `t` into bf16 pair tiles (bfloat16 mode), rounding f32/f16 weights to bf16 as transformers does.

@@ -103,7 +103,7 @@ function laneOrderSets(): string[] {
 }
 
 /** The types the AMX set computes on AMX-INT8 tiles, in its own order. */
-const AMX_TILE_TYPES: readonly GgmlType[] = ["Q8_0", "Q4_K", "Q6_K"];
+const AMX_TILE_TYPES: readonly GgmlType[] = ["Q8_0", "Q4_K", "Q5_K", "Q6_K"];
 
 /** How many tokens a forced set also runs one step each: every set's few-row path (it reads some types in place) against its batched one. */
 const ALONE_IN_CHILD = 3;

@@ -7,8 +7,8 @@
 // a step, and with one or two they stay in cache: the kernel's compute rate. Not part of the
 // addon or the tests. Build after the addon (it links the addon's own objects):
 //   O=build/Release/obj.target/weft_native/native
-//   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o
-// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply)
+//   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o
+// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply)
 #include <sys/mman.h>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +19,7 @@
 #include "kernels.h"
 #include "ops.h"
 #include "quant.h"
+#include "quant_panels.h"
 
 using namespace weft;
 
@@ -27,6 +28,7 @@ namespace {
 DType typeNamed(const char* s) {
   if (strcmp(s, "bf16") == 0) return DType::BF16;
   if (strcmp(s, "q4_k") == 0) return DType::Q4_K;
+  if (strcmp(s, "q5_k") == 0) return DType::Q5_K;
   if (strcmp(s, "q6_k") == 0) return DType::Q6_K;
   return DType::Q8_0;
 }
@@ -56,7 +58,7 @@ uint8_t* randomWeights(DType dt, size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s ROWS K N [bf16|q8_0|q4_k|q6_k] [COPIES]\n", argv[0]);
+    fprintf(stderr, "usage: %s ROWS K N [bf16|q8_0|q4_k|q5_k|q6_k] [COPIES]\n", argv[0]);
     return 1;
   }
   const int T = atoi(argv[1]), K = atoi(argv[2]), N = atoi(argv[3]);
@@ -68,18 +70,26 @@ int main(int argc, char** argv) {
     fprintf(stderr, "bf16: K must be a multiple of %d and N of %d\n", kTileK, kTileCols);
     return 1;
   }
-  const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : tensorBytes(dt, N, K);
+  const Kernels& k = activeKernels();
+  const bool panels = k.quantPanels && panelType(dt);  // held as the addon holds them (PackedStore::packQuantized)
+  const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(dt, N, K) : tensorBytes(dt, N, K);
   uint8_t* data = randomWeights(dt, bytes * copies);
   if (!data) {
     fprintf(stderr, "cannot allocate %zu bytes of weights\n", bytes * copies);
     return 1;
   }
   std::vector<PackedMatrix> ws(copies);
+  std::vector<uint8_t> rows(panels ? tensorBytes(dt, N, K) : 0);
   for (int c = 0; c < copies; c++) {
+    if (panels) {  // random rows (as randomWeights makes them) into panels
+      std::memcpy(rows.data(), data + bytes * c, rows.size());
+      packQuantPanels(dt, rows.data(), N, K, data + bytes * c);
+    }
     ws[c].data = data + bytes * c;
     ws[c].dtype = dt;
     ws[c].N = ws[c].Np = N;
     ws[c].K = ws[c].Kp = K;
+    ws[c].vnniPanels = panels;
   }
   std::normal_distribution<float> normal;
   std::mt19937 rng(2);
@@ -87,7 +97,6 @@ int main(int argc, char** argv) {
   for (float& v : x) v = normal(rng);
   std::vector<uint16_t> xp(bf16 ? x.size() : 0);  // bf16: the rows rounded once, as a step's matmul input
   if (bf16) packActivationsBf16(x.data(), T, K, K, xp.data());
-  const Kernels& k = activeKernels();
   const auto call = [&](const PackedMatrix& w) {
     if (bf16) matmulPackedBf16(k, xp.data(), T, w, y.data());
     else matmulQuantized(k, x.data(), T, w, y.data());
