@@ -1,15 +1,14 @@
-// AMX-INT8 tiles for Q8_0, Q4_K, Q5_K and Q6_K weights: the amx set's quantized matmul, on the
-// matrices it holds in VNNI panels (quant_panels.h). Per panel of 16 output columns and group
+// AMX-INT8 tiles for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): the amx set's
+// quantized matmul, on the matrices it holds in VNNI panels (quant_panels.h). Per panel of 16 output columns and group
 // of inputs (32; Q6_K: 16, one per scale), a B tile is the weights' VNNI rows (Q8_0's as they
-// lie, the K-quants' unpacked to bytes once per panel), an A tile 16 activation rows'
-// int8 quants, and one TDPBSSD/TDPBSUD gives each (row, column) the exact int32 sum of its
-// group. Steps of up to 4 rows take the same sums with vpdpbusd: each VNNI row against the
-// row's 4 inputs broadcast, one lane per column, so no lanes are summed across. The other
-// quantized types keep the VNNI lane kernel.
+// lie, the 4-, 5- and 6-bit types' unpacked to bytes once per panel), an A tile 16 activation
+// rows' int8 quants, and one TDPBSSD/TDPBSUD gives each (row, column) the exact int32 sum of
+// its group. Steps of up to 4 rows take the same sums with vpdpbusd: each VNNI row against the
+// row's 4 inputs broadcast, one lane per column, so no lanes are summed across.
 //
 // The reduction order is the tiles' own, not quant.h's lane order: per output, for each
 // group g in order, acc = fma(float(p_g), s_g · x.d, acc), with p_g the exact integer Σ w·x
-// of the group, s_g its weight scale and x.d its activation block's scale; Q4_K's and Q5_K's min terms
+// of the group, s_g its weight scale and x.d its activation block's scale; the min terms (Q4_1, Q4_K, Q5_K)
 // go into a second chain, macc = fma(m_b, x_b.s, macc) per block b, and y = acc + macc. A
 // tile computes each output from its own row and column, and every row count follows this
 // order, so the set is batch-invariant; it is not bit-identical to the other sets (see
@@ -39,14 +38,24 @@ constexpr int kToks = 16;          // activation rows per A tile
 template <DType D>
 constexpr int kGroupBytesOf = D == DType::Q6_K ? kQBlock / 2 : kQBlock;
 template <DType D>
-constexpr int kUnitBytes = D == DType::Q8_0 ? q8panel::kUnit : D == DType::Q4_K ? q4kpanel::kUnit : D == DType::Q5_K ? q5kpanel::kUnit : q6kpanel::kUnit;
+constexpr int kUnitBytes = D == DType::Q8_0   ? q8panel::kUnit
+                           : D == DType::Q4_0 ? q40panel::kUnit
+                           : D == DType::Q4_1 ? q41panel::kUnit
+                           : D == DType::Q4_K ? q4kpanel::kUnit
+                           : D == DType::Q5_K ? q5kpanel::kUnit
+                                              : q6kpanel::kUnit;
 // Unsigned values with a min term per block (the others are signed, or read with an offset).
 template <DType D>
-constexpr bool kHasMins = D == DType::Q4_K || D == DType::Q5_K;
+constexpr bool kHasMins = D == DType::Q4_1 || D == DType::Q4_K || D == DType::Q5_K;
+// The offset a signed type's weights are read with as unsigned bytes by vpdpbusd (Q8_0 as
+// w + 128; Q4_0's and Q6_K's stored values are w + 8 and w + 32): each sum then starts at
+// minus the offset times its inputs' Σx.
+template <DType D>
+constexpr int kOffset = D == DType::Q8_0 ? 128 : D == DType::Q4_0 ? 8 : D == DType::Q6_K ? kQ6KBias : 0;
 // Q5_K's d, dmin and scale words lie as Q4_K's (decodeScales reads both the same way).
 static_assert(q4kpanel::kD == q5kpanel::kD && q4kpanel::kDmin == q5kpanel::kDmin && q4kpanel::kScales == q5kpanel::kScales);
 template <DType D>
-constexpr int kBlocksPerUnit = D == DType::Q8_0 ? 1 : 8;
+constexpr int kBlocksPerUnit = D == DType::Q4_K || D == DType::Q5_K || D == DType::Q6_K ? 8 : 1;
 // Weight panels are asked into L2 this many panels ahead, a share of the panel per unit:
 // without it each panel started cold. Four panels of Q8_0 (68 KiB at K = 1024) are more
 // than L1 holds: with L1 as the target, one-row Q8_0 steps took 12 % longer.
@@ -93,18 +102,24 @@ struct Ahead {
   }
 };
 
-// A unit's scales, one per column: per group (Q8_0: 1; Q4_K, Q5_K: 8, of 32 inputs; Q6_K: 16,
-// of 16) and the min terms per block.
+// A unit's scales, one per column: per group (one-block units: 1; Q4_K, Q5_K: 8, of 32 inputs;
+// Q6_K: 16, of 16) and the min terms per block.
 struct UnitScales {
   __m512 scale[16];
   __m512 min[8];
 };
 
-// d (Q8_0), d·sc and −dmin·m (Q4_K, Q5_K), d·sc (Q6_K): the values q4kScales / q6kScales give per column.
+// d (Q8_0, Q4_0), d and m (Q4_1), d·sc and −dmin·m (Q4_K, Q5_K), d·sc (Q6_K): the values the
+// lane kernels' unpacking and q4kScales / q6kScales give per column.
 template <DType D>
 __attribute__((always_inline)) inline void decodeScales(const uint8_t* u, UnitScales& s) {
   if constexpr (D == DType::Q8_0) {
     s.scale[0] = f16x16(u + q8panel::kD);
+  } else if constexpr (D == DType::Q4_0) {
+    s.scale[0] = f16x16(u + q40panel::kD);
+  } else if constexpr (D == DType::Q4_1) {
+    s.scale[0] = f16x16(u + q41panel::kD);
+    s.min[0] = f16x16(u + q41panel::kM);
   } else if constexpr (kHasMins<D>) {
     U32x16 sc03, sc47, mn03, mn47;
     const uint8_t* w = u + q4kpanel::kScales;
@@ -125,12 +140,15 @@ __attribute__((always_inline)) inline void decodeScales(const uint8_t* u, UnitSc
   }
 }
 
-// VNNI row r (inputs 4r..4r+3) of block J of a unit, 16 columns: Q8_0's signed quants,
-// Q4_K's 4-bit and Q5_K's 5-bit values, Q6_K's unsigned 6-bit values.
+// VNNI row r (inputs 4r..4r+3) of block J of a unit, 16 columns: Q8_0's signed quants, the
+// other types' unsigned stored values (4, 5 or 6 bits).
 template <DType D, int J>
 __attribute__((always_inline)) inline __m512i vnniRow(const uint8_t* u, int r) {
   if constexpr (D == DType::Q8_0) {
     return load64(u + q8panel::kQ + kVnniRow * r);
+  } else if constexpr (D == DType::Q4_0 || D == DType::Q4_1) {  // rows 0–3 the low nibbles, 4–7 the high
+    const U8x64 q = U8x64(load64(u + (D == DType::Q4_0 ? q40panel::kQ : q41panel::kQ) + kVnniRow * (r % 4)));
+    return __m512i(r < 4 ? q & 0x0F : q >> 4);
   } else if constexpr (D == DType::Q4_K) {
     return __m512i(q4kQuants<J % 2 == 1>(U8x64(load64(u + q4kpanel::kQs + kVnniRow * (8 * (J / 2) + r)))));
   } else if constexpr (D == DType::Q5_K) {  // the low 4 bits as Q4_K's, the 5th from bit J of qh
@@ -160,7 +178,7 @@ __attribute__((always_inline)) inline void eachBlock(F&& f) {
 constexpr int kVecRows = 4;
 
 // Σ of each activation block's quants by halves (row-major over blocks): the corrections
-// for weights that the dot reads with an offset (Q8_0 as w + 128, Q6_K as q = w + 32).
+// for weights that the dot reads with an offset (kOffset).
 void halfSums(const QuantActBlock* x, int T, int nb, std::vector<int32_t>& out) {
   out.resize(2 * static_cast<size_t>(T) * nb);
   for (size_t i = 0; i < static_cast<size_t>(T) * nb; i++)
@@ -191,15 +209,15 @@ __attribute__((always_inline)) inline void vecBlock(const uint8_t* u, const Unit
     };
     const __m512 xd = _mm512_set1_ps(xb.d);
     if constexpr (D == DType::Q6_K) {
-      __m512i lo = _mm512_set1_epi32(-kQ6KBias * hs[2 * i]), hi = _mm512_set1_epi32(-kQ6KBias * hs[2 * i + 1]);
+      __m512i lo = _mm512_set1_epi32(-kOffset<D> * hs[2 * i]), hi = _mm512_set1_epi32(-kOffset<D> * hs[2 * i + 1]);
       for (int r = 0; r < 4; r++) lo = _mm512_dpbusd_epi32(lo, w[r], word(r));
       for (int r = 4; r < 8; r++) hi = _mm512_dpbusd_epi32(hi, w[r], word(r));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(s.scale[2 * J], xd), acc[t]);
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(s.scale[2 * J + 1], xd), acc[t]);
     } else {
-      __m512i p = D == DType::Q8_0 ? _mm512_set1_epi32(-128 * (hs[2 * i] + hs[2 * i + 1])) : _mm512_setzero_si512();
+      __m512i p = kOffset<D> ? _mm512_set1_epi32(-kOffset<D> * (hs[2 * i] + hs[2 * i + 1])) : _mm512_setzero_si512();
       for (int r = 0; r < 8; r++) p = _mm512_dpbusd_epi32(p, w[r], word(r));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(s.scale[D == DType::Q8_0 ? 0 : J], xd), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(s.scale[J], xd), acc[t]);
       if constexpr (kHasMins<D>) macc[t] = _mm512_fmadd_ps(s.min[J], _mm512_set1_ps(xb.s), macc[t]);
     }
   }
@@ -238,6 +256,8 @@ void vecRowsOf(const Panel& p, const QuantActBlock* x, const int32_t* hs, int T,
 
 void vecRowsFor(DType d, const Panel& p, const QuantActBlock* x, const int32_t* hs, int T, int nb, float* y, int N, int cols) {
   switch (d) {
+    case DType::Q4_0: vecRowsOf<DType::Q4_0>(p, x, hs, T, nb, y, N, cols); break;
+    case DType::Q4_1: vecRowsOf<DType::Q4_1>(p, x, hs, T, nb, y, N, cols); break;
     case DType::Q4_K: vecRowsOf<DType::Q4_K>(p, x, hs, T, nb, y, N, cols); break;
     case DType::Q5_K: vecRowsOf<DType::Q5_K>(p, x, hs, T, nb, y, N, cols); break;
     case DType::Q6_K: vecRowsOf<DType::Q6_K>(p, x, hs, T, nb, y, N, cols); break;
@@ -275,8 +295,9 @@ void repack(const QuantActBlock* x, int T, int nb, ActTiles& out) {
     }
 }
 
-// A K-quant panel unpacked for the B tiles: block b's 8 VNNI rows at q + 512·b (Q6_K as
-// signed q − kQ6KBias, its two groups rows 0–3 and 4–7), scale[g] and min[b] as 16 floats each.
+// A panel unpacked for the B tiles: block b's 8 VNNI rows at q + 512·b (Q4_0 and Q6_K as the
+// signed weights, stored value − kOffset; Q6_K's two groups rows 0–3 and 4–7), scale[g] and
+// min[b] as 16 floats each.
 struct KPanel {
   std::vector<int8_t> q;
   std::vector<float> scale, min;
@@ -284,8 +305,8 @@ struct KPanel {
 
 template <DType D>
 void unpackPanel(const Panel& p, int nb, KPanel& out) {
-  constexpr int groupsPerUnit = 8 * kQBlock / kGroupBytesOf<D>;
-  const int units = nb / 8;
+  constexpr int perUnit = kBlocksPerUnit<D>, groupsPerUnit = perUnit * kQBlock / kGroupBytesOf<D>;
+  const int units = nb / perUnit;
   out.q.resize(static_cast<size_t>(nb) * 8 * kVnniRow);
   out.scale.resize(static_cast<size_t>(units) * groupsPerUnit * kCols);
   out.min.resize(static_cast<size_t>(nb) * kCols);
@@ -297,13 +318,13 @@ void unpackPanel(const Panel& p, int nb, KPanel& out) {
     decodeScales<D>(unit, s);
     for (int g = 0; g < groupsPerUnit; g++) _mm512_storeu_ps(out.scale.data() + (static_cast<size_t>(u) * groupsPerUnit + g) * kCols, s.scale[g]);
     if (kHasMins<D>)
-      for (int j = 0; j < 8; j++) _mm512_storeu_ps(out.min.data() + (8 * static_cast<size_t>(u) + j) * kCols, s.min[j]);
-    eachBlock<8>([&](auto j) {
+      for (int j = 0; j < perUnit; j++) _mm512_storeu_ps(out.min.data() + (perUnit * static_cast<size_t>(u) + j) * kCols, s.min[j]);
+    eachBlock<perUnit>([&](auto j) {
       constexpr int J = decltype(j)::value;
-      int8_t* dst = out.q.data() + (8 * static_cast<size_t>(u) + J) * 8 * kVnniRow;
+      int8_t* dst = out.q.data() + (perUnit * static_cast<size_t>(u) + J) * 8 * kVnniRow;
       for (int r = 0; r < 8; r++) {
         const __m512i v = vnniRow<D, J>(unit, r);
-        _mm512_storeu_si512(dst + kVnniRow * r, D == DType::Q6_K ? _mm512_sub_epi8(v, _mm512_set1_epi8(kQ6KBias)) : v);
+        _mm512_storeu_si512(dst + kVnniRow * r, kOffset<D> ? _mm512_sub_epi8(v, _mm512_set1_epi8(static_cast<char>(kOffset<D>))) : v);
       }
     });
   }
@@ -345,7 +366,7 @@ struct KSource {
 // store has left the store buffer, and the vector loads need not wait on it.
 constexpr int kLag = 2, kSumBufs = kLag + 1;
 
-// The min chains (Q4_K, Q5_K; per output, macc = fma(m_b, x_b.s, macc) in block order), added to the
+// The min chains (Q4_1, Q4_K, Q5_K; per output, macc = fma(m_b, x_b.s, macc) in block order), added to the
 // rows' accumulators: eight rows at a time, so that eight independent chains hide the FMA latency.
 void addMins(const ActTiles& xt, int tt, const float* mins, __m512 (&acc)[kToks]) {
   for (int h = 0; h < kToks; h += 8) {
@@ -413,6 +434,14 @@ void tileRows(DType d, const Panel& p, const ActTiles& xt, int T, float* y, int 
       panelRows(src, xt, tt, std::min(kToks, T - tt * kToks), mins, y + static_cast<size_t>(tt) * kToks * N, N, cols);
   };
   switch (d) {
+    case DType::Q4_0:
+      unpackPanel<DType::Q4_0>(p, xt.nb, k);
+      each(KSource<DType::Q4_0>{k}, nullptr);
+      break;
+    case DType::Q4_1:
+      unpackPanel<DType::Q4_1>(p, xt.nb, k);
+      each(KSource<DType::Q4_1>{k}, k.min.data());
+      break;
     case DType::Q4_K:
       unpackPanel<DType::Q4_K>(p, xt.nb, k);
       each(KSource<DType::Q4_K>{k}, k.min.data());
@@ -448,7 +477,7 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
     asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
     tiles.emplace();
     tiles->load(configFor(std::min(T, kToks), groupBytes(w.dtype)));
-  } else if (w.dtype == DType::Q8_0 || w.dtype == DType::Q6_K) {  // read with an offset
+  } else if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0 || w.dtype == DType::Q6_K) {  // read with an offset (kOffset)
     halfSums(x, T, nb, hs);
   }
   for (int n = n0; n < n1; n += kCols) {

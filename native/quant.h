@@ -10,7 +10,7 @@
 // in place instead, to the same values). Only the integer lane sums may be computed
 // differently (the VNNI set stores signed weights as w + 128 and starts each
 // sum at −128·Σx): they are exact, so every set gives the same bits. The amx
-// set's Q8_0, Q4_K, Q5_K and Q6_K kernel alone has another order (matmulQuantAmx).
+// set's kernel alone has another order (matmulQuantAmx).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -78,8 +78,8 @@ constexpr int kQPanel = 4;
 void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantVnni(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
-// The amx set's: Q8_0, Q4_K, Q5_K and Q6_K on AMX-INT8 tiles in their own reduction order
-// (kernels_quant_amx.cpp), the other types as matmulQuantVnni.
+// The amx set's: every type on AMX-INT8 tiles, in its own reduction order, reading the
+// matrices in VNNI panels (kernels_quant_amx.cpp; a matrix held as stored goes to matmulQuantVnni).
 void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 // Columns per unit when a quantized matmul is split across threads: the widest panel (AMX's 16).
 constexpr int kQuantSplitCols = 16;

@@ -20,6 +20,15 @@ void packUnit(DType d, const uint8_t* src, uint8_t* unit, int c) {
       std::memcpy(unit + q8panel::kD + 2 * c, src, 2);
       vnniRows(src + 2, 32, unit + q8panel::kQ, c);
       return;
+    case DType::Q4_0:
+      std::memcpy(unit + q40panel::kD + 2 * c, src, 2);
+      vnniRows(src + 2, 16, unit + q40panel::kQ, c);
+      return;
+    case DType::Q4_1:
+      std::memcpy(unit + q41panel::kD + 2 * c, src, 2);
+      std::memcpy(unit + q41panel::kM + 2 * c, src + 2, 2);
+      vnniRows(src + 4, 16, unit + q41panel::kQ, c);
+      return;
     case DType::Q4_K:
       std::memcpy(unit + q4kpanel::kD + 2 * c, src, 2);
       std::memcpy(unit + q4kpanel::kDmin + 2 * c, src + 2, 2);

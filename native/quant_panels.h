@@ -1,11 +1,13 @@
-// Q8_0, Q4_K, Q5_K and Q6_K matrices as the amx set holds them: the file's bytes permuted at load
+// Block-quantized matrices (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) as the amx set holds them: the file's bytes permuted at load
 // (none changed, none added) so that one 64-byte load gives one 4-byte group of inputs for 16
 // output columns, the layout vpdpbusd lanes and an AMX B tile read (a "VNNI" row).
 //
 // The matrix is cut into panels of kPanelCols weight rows (output columns); a panel is its
-// units in order (a Q8_0 block of 32 inputs, a K-quant superblock of 256), each unit the 16
+// units in order (a block of 32 inputs; for the K-quants a superblock of 256), each unit the 16
 // columns' copies of that block, field by field:
 //   Q8_0 (544 B):  d (16 f16) | q: 8 VNNI rows (inputs 4r..4r+3)
+//   Q4_0 (288 B):  d | qs: 4 VNNI rows (low nibbles inputs 4r.., high nibbles inputs 16 + 4r..)
+//   Q4_1 (320 B):  d | m (16 f16) | qs: 4 VNNI rows (as Q4_0)
 //   Q4_K (2304 B): d (16 f16) | dmin (16 f16) | scale words 0–2 (3 × 16 u32) | qs: 4 chunks (bytes
 //                  32i..32i+31: low nibbles block 2i, high 2i+1) × 8 VNNI rows
 //   Q5_K (2816 B): d | dmin | scale words 0–2 (as Q4_K) | qh: 8 VNNI rows (bit j: block j's 5th bit) |
@@ -26,6 +28,12 @@ constexpr int kVnniRow = 64;  // bytes of one VNNI row: 16 columns × 4 inputs
 namespace q8panel {
 constexpr int kD = 0, kQ = 32, kUnit = 544;
 }
+namespace q40panel {
+constexpr int kD = 0, kQ = 32, kUnit = 288;
+}
+namespace q41panel {
+constexpr int kD = 0, kM = 32, kQ = 64, kUnit = 320;
+}
 namespace q4kpanel {
 constexpr int kD = 0, kDmin = 32, kScales = 64, kQs = 256, kUnit = 2304;
 }
@@ -36,8 +44,11 @@ namespace q6kpanel {
 constexpr int kD = 0, kScales = 32, kQl = 288, kQh = 2336, kUnit = 3360;
 }
 
-// Whether d's matrices are held in panels by a set that reads them (the amx set).
-inline bool panelType(DType d) { return d == DType::Q8_0 || d == DType::Q4_K || d == DType::Q5_K || d == DType::Q6_K; }
+// Whether d's matrices are held in panels by a set that reads them (the amx set): every
+// block-quantized type.
+inline bool panelType(DType d) {
+  return d == DType::Q8_0 || d == DType::Q4_0 || d == DType::Q4_1 || d == DType::Q4_K || d == DType::Q5_K || d == DType::Q6_K;
+}
 
 // Bytes of an (N × K) matrix of type d in panels: N rounded up to whole panels.
 size_t panelBytes(DType d, int N, int K);

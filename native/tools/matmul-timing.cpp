@@ -8,7 +8,7 @@
 // addon or the tests. Build after the addon (it links the addon's own objects):
 //   O=build/Release/obj.target/weft_native/native
 //   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o
-// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply)
+// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply)
 #include <sys/mman.h>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +27,8 @@ namespace {
 
 DType typeNamed(const char* s) {
   if (strcmp(s, "bf16") == 0) return DType::BF16;
+  if (strcmp(s, "q4_0") == 0) return DType::Q4_0;
+  if (strcmp(s, "q4_1") == 0) return DType::Q4_1;
   if (strcmp(s, "q4_k") == 0) return DType::Q4_K;
   if (strcmp(s, "q5_k") == 0) return DType::Q5_K;
   if (strcmp(s, "q6_k") == 0) return DType::Q6_K;
@@ -58,7 +60,7 @@ uint8_t* randomWeights(DType dt, size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s ROWS K N [bf16|q8_0|q4_k|q5_k|q6_k] [COPIES]\n", argv[0]);
+    fprintf(stderr, "usage: %s ROWS K N [bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]\n", argv[0]);
     return 1;
   }
   const int T = atoi(argv[1]), K = atoi(argv[2]), N = atoi(argv[3]);
