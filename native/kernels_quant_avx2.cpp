@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <stdexcept>
 #include <vector>
 #include "quant.h"
 
@@ -108,16 +109,55 @@ void unpackQ6K(const uint8_t* src, int K, UnpackedRow r) {
   }
 }
 
+// Q4_0 (18-byte blocks: f16 d, 16 bytes; input i < 16 the low nibble of byte i, 16 + i its
+// high nibble; w = q − 8) and Q4_1 (20 bytes: f16 d, f16 m, the same nibbles; w = d·q + m).
+template <bool One>
+void unpackQ4(const uint8_t* src, int K, UnpackedRow r) {
+  constexpr int bytes = One ? 20 : 18, quants = One ? 4 : 2;
+  for (int b = 0; b < K / 32; b++, src += bytes) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + quants));
+    const __m128i low = _mm_and_si128(v, _mm_set1_epi8(0x0F)), high = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+    const __m256i q = _mm256_set_m128i(high, low);
+    store32(blockQ(r, b), One ? q : signedForDot(_mm256_sub_epi8(q, _mm256_set1_epi8(8))));
+    _mm256_storeu_ps(blockDv(r, b), _mm256_set1_ps(f16At(src)));
+    r.m[r.step * b] = One ? f16At(src + 2) : 0.0f;
+  }
+}
+
+// Q5_K (176 bytes: Q4_K's d, dmin and scales, 32 bytes qh, then Q4_K's nibbles): block j's
+// fifth bit is bit j of qh's byte for each input.
+void unpackQ5K(const uint8_t* src, int K, UnpackedRow r) {
+  constexpr int kBytes = 176, kHigh = 16, kQuants = 48;
+  for (int sb = 0; sb < K / 256; sb++, src += kBytes) {
+    __m256 scale, min;
+    q4kScales(src, &scale, &min);  // the same d, dmin and 6-bit scales as Q4_K's
+    alignas(32) float sc[8], mi[8];
+    _mm256_store_ps(sc, scale);
+    _mm256_store_ps(mi, min);
+    const U8x32 h = U8x32(load32(src + kHigh));
+    for (int j = 0; j < 4; j++) {
+      const __m256i v = load32(src + kQuants + 32 * j);
+      store32(blockQ(r, 8 * sb + 2 * j), __m256i(q4kQuants<false>(U8x32(v)) | (((h >> (2 * j)) & 1) << 4)));
+      store32(blockQ(r, 8 * sb + 2 * j + 1), __m256i(q4kQuants<true>(U8x32(v)) | (((h >> (2 * j + 1)) & 1) << 4)));
+    }
+    for (int j = 0; j < 8; j++) {
+      _mm256_storeu_ps(blockDv(r, 8 * sb + j), _mm256_set1_ps(sc[j]));
+      r.m[r.step * (8 * sb + j)] = mi[j];
+    }
+  }
+}
+
+// Every type's values as unpackRowScalar gives them (the signed ones through signedForDot).
 void unpackRow(DType d, const uint8_t* src, int K, const UnpackedRow& r) {
   switch (d) {
     case DType::Q8_0: unpackQ8_0(src, K, r); return;
+    case DType::Q4_0: unpackQ4<false>(src, K, r); return;
+    case DType::Q4_1: unpackQ4<true>(src, K, r); return;
     case DType::Q4_K: unpackQ4K(src, K, r); return;
+    case DType::Q5_K: unpackQ5K(src, K, r); return;
     case DType::Q6_K: unpackQ6K(src, K, r); return;
-    default: break;
+    default: throw std::invalid_argument("not a quantized dtype");
   }
-  unpackRowScalar(d, src, K, r);  // same values, portable code
-  if (d != DType::Q4_0) return;
-  for (int b = 0; b < K / kQBlock; b++) store32(blockQ(r, b), signedForDot(load32(blockQ(r, b))));
 }
 
 // kQPanel weight rows, block-major: block b of panel column c at q + 32(4b + c),
