@@ -109,16 +109,22 @@ void unpackQ6K(const uint8_t* src, int K, UnpackedRow r) {
   }
 }
 
+// Q4_0's and Q4_1's 32 values of one block as unpackQ4 stores them (`a`: the block).
+template <bool One>
+inline __m256i q4Quants(const uint8_t* a) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + (One ? 4 : 2)));
+  const __m128i low = _mm_and_si128(v, _mm_set1_epi8(0x0F)), high = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+  const __m256i q = _mm256_set_m128i(high, low);
+  return One ? q : signedForDot(_mm256_sub_epi8(q, _mm256_set1_epi8(8)));
+}
+
 // Q4_0 (18-byte blocks: f16 d, 16 bytes; input i < 16 the low nibble of byte i, 16 + i its
 // high nibble; w = q − 8) and Q4_1 (20 bytes: f16 d, f16 m, the same nibbles; w = d·q + m).
 template <bool One>
 void unpackQ4(const uint8_t* src, int K, UnpackedRow r) {
-  constexpr int bytes = One ? 20 : 18, quants = One ? 4 : 2;
+  constexpr int bytes = One ? 20 : 18;
   for (int b = 0; b < K / 32; b++, src += bytes) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + quants));
-    const __m128i low = _mm_and_si128(v, _mm_set1_epi8(0x0F)), high = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-    const __m256i q = _mm256_set_m128i(high, low);
-    store32(blockQ(r, b), One ? q : signedForDot(_mm256_sub_epi8(q, _mm256_set1_epi8(8))));
+    store32(blockQ(r, b), q4Quants<One>(src));
     _mm256_storeu_ps(blockDv(r, b), _mm256_set1_ps(f16At(src)));
     r.m[r.step * b] = One ? f16At(src + 2) : 0.0f;
   }
@@ -126,19 +132,23 @@ void unpackQ4(const uint8_t* src, int K, UnpackedRow r) {
 
 // Q5_K (176 bytes: Q4_K's d, dmin and scales, 32 bytes qh, then Q4_K's nibbles): block j's
 // fifth bit is bit j of qh's byte for each input.
+constexpr int kQ5KBytes = 176, kQ5KHigh = 16, kQ5KQuants = 48;
+inline __m256i q5kQuants(__m256i nibbles, bool high, __m256i qh, int j) {
+  return __m256i((high ? q4kQuants<true>(U8x32(nibbles)) : q4kQuants<false>(U8x32(nibbles))) | (((U8x32(qh) >> j) & 1) << 4));
+}
+
 void unpackQ5K(const uint8_t* src, int K, UnpackedRow r) {
-  constexpr int kBytes = 176, kHigh = 16, kQuants = 48;
-  for (int sb = 0; sb < K / 256; sb++, src += kBytes) {
+  for (int sb = 0; sb < K / 256; sb++, src += kQ5KBytes) {
     __m256 scale, min;
     q4kScales(src, &scale, &min);  // the same d, dmin and 6-bit scales as Q4_K's
     alignas(32) float sc[8], mi[8];
     _mm256_store_ps(sc, scale);
     _mm256_store_ps(mi, min);
-    const U8x32 h = U8x32(load32(src + kHigh));
+    const __m256i h = load32(src + kQ5KHigh);
     for (int j = 0; j < 4; j++) {
-      const __m256i v = load32(src + kQuants + 32 * j);
-      store32(blockQ(r, 8 * sb + 2 * j), __m256i(q4kQuants<false>(U8x32(v)) | (((h >> (2 * j)) & 1) << 4)));
-      store32(blockQ(r, 8 * sb + 2 * j + 1), __m256i(q4kQuants<true>(U8x32(v)) | (((h >> (2 * j + 1)) & 1) << 4)));
+      const __m256i v = load32(src + kQ5KQuants + 32 * j);
+      store32(blockQ(r, 8 * sb + 2 * j), q5kQuants(v, false, h, 2 * j));
+      store32(blockQ(r, 8 * sb + 2 * j + 1), q5kQuants(v, true, h, 2 * j + 1));
     }
     for (int j = 0; j < 8; j++) {
       _mm256_storeu_ps(blockDv(r, 8 * sb + j), _mm256_set1_ps(sc[j]));
@@ -294,6 +304,38 @@ struct Q8Source {
   }
 };
 
+// Q4_0 or Q4_1 read in place, for steps of at most one row tile (as Q8Source): the values
+// unpackQ4 + unpackPanel give, so the same bits.
+template <bool One>
+struct Q4Source {
+  static constexpr int kGroup = 1;
+  static constexpr size_t kBytes = One ? 20 : 18;
+  const uint8_t* rows;  // the panel's first row
+  size_t rowBytes;
+  int cols;  // rows present (the rest read as row 0 and are not stored)
+  const uint8_t* at(int c, int b) const { return rows + rowBytes * (c < cols ? c : 0) + kBytes * static_cast<size_t>(b); }
+  void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
+    const int i = kColsPerVec * v;
+#ifdef WEFT_QUANT_VNNI
+    *w = _mm512_inserti64x4(_mm512_castsi256_si512(q4Quants<One>(at(i, b))), q4Quants<One>(at(i + 1, b)), 1);
+    *dv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(f16At(at(i, b)))), _mm256_set1_ps(f16At(at(i + 1, b))), 1);
+#else
+    *w = q4Quants<One>(at(i, b));
+    *dv = _mm256_set1_ps(f16At(at(i, b)));
+#endif
+  }
+  __m128 mins(int b, std::integral_constant<int, 0>) const {
+    if (!One) return _mm_setzero_ps();
+    return _mm_setr_ps(f16At(at(0, b) + 2), f16At(at(1, b) + 2), f16At(at(2, b) + 2), f16At(at(3, b) + 2));
+  }
+  void begin(int) const {}
+  // Block b of the rows kPrefetchPanels panels ahead (as Q8Source's).
+  WEFT_PREFETCH_INLINE void prefetch(int b, std::integral_constant<int, 0>) const {
+    const uint8_t* ahead = rows + rowBytes * kQPanel * kPrefetchPanels + kBytes * static_cast<size_t>(b);
+    for (int i = 0; i < kQPanel; i++) _mm_prefetch(reinterpret_cast<const char*>(ahead + rowBytes * i), _MM_HINT_T1);
+  }
+};
+
 // One superblock of the panel's rows, decoded once per 256 inputs by KSource: where each
 // row's superblock starts, its scales as floats (Q4_K: d·sc[j], j < 8; Q6_K: d·sc[i], i < 16)
 // and, per block, the four columns' min terms: the values unpackQ4K/unpackQ6K write.
@@ -303,13 +345,14 @@ struct SuperBlock {
   alignas(16) float min[8][kQPanel];
 };
 
-// Q4_K or Q6_K read in place, for steps of at most one row tile (as Q8Source): block j of
+// Q4_K, Q5_K or Q6_K read in place, for steps of at most one row tile (as Q8Source): block j of
 // a superblock takes its quants straight from the rows and its lane scales from the decoded
-// superblock, giving the values unpackQ4K/unpackQ6K + unpackPanel give, so the same bits.
+// superblock, giving the values unpackQ4K/unpackQ5K/unpackQ6K + unpackPanel give, so the same bits.
 template <DType D>
 struct KSource {
   static constexpr int kGroup = 8;  // blocks per superblock, each with its index j known when compiled
-  static constexpr size_t kSuperBytes = D == DType::Q4_K ? kQ4KBytes : kQ6KBytes;
+  static constexpr bool kQ45 = D == DType::Q4_K || D == DType::Q5_K;  // Q4_K's scales and mins
+  static constexpr size_t kSuperBytes = D == DType::Q4_K ? kQ4KBytes : D == DType::Q5_K ? kQ5KBytes : kQ6KBytes;
   const uint8_t* rows;  // the panel's first row
   size_t rowBytes;
   int cols;  // rows present (the rest read as row 0 and are not stored)
@@ -320,7 +363,7 @@ struct KSource {
     alignas(32) float mins[kQPanel][8];
     for (int c = 0; c < kQPanel; c++) {
       __m256 lo, hi;
-      if (D == DType::Q4_K) {
+      if (kQ45) {
         q4kScales(s->at[c], &lo, &hi);
         _mm256_store_ps(mins[c], hi);
       } else {
@@ -329,22 +372,23 @@ struct KSource {
       }
       _mm256_store_ps(s->scale[c], lo);
     }
-    if (D == DType::Q4_K)  // Q6_K has no mins (its tiles take no min chain)
+    if (kQ45)  // Q6_K has no mins (its tiles take no min chain)
       for (int j = 0; j < 8; j++)
         for (int c = 0; c < kQPanel; c++) s->min[j][c] = mins[c][j];
   }
-  // Column c's 32 quants of block J, as unpackQ4K/unpackQ6K store them.
+  // Column c's 32 quants of block J, as unpackQ4K/unpackQ5K/unpackQ6K store them.
   template <int J>
   __m256i quants(int c) const {
     const uint8_t* sb = s->at[c];
     if (D == DType::Q4_K) return q4kWeights<J % 2 == 1>(load32(sb + kQ4KQuants + 32 * (J / 2)));
+    if (D == DType::Q5_K) return q5kQuants(load32(sb + kQ5KQuants + 32 * (J / 2)), J % 2 == 1, load32(sb + kQ5KHigh), J);
     constexpr int n = J / 4, k = J % 4;
     return q6kQuants<k>(load32(sb + 64 * n + 32 * (k % 2)), load32(sb + kQ6KHigh + 32 * n));
   }
-  // Block j's lane scales for vector v: per column, Q4_K's one scale in all 8 lanes, or Q6_K's
+  // Block j's lane scales for vector v: per column, Q4_K's (Q5_K's) one scale in all 8 lanes, or Q6_K's
   // two (lanes 0–3, 4–7); one permute picks them from the decoded floats.
   template <int J>
-  static constexpr int scaleAt(int lane) { return D == DType::Q4_K ? J : 2 * J + lane / 4; }
+  static constexpr int scaleAt(int lane) { return kQ45 ? J : 2 * J + lane / 4; }
   template <int J>
   void block(int, std::integral_constant<int, J>, int v, VI* w, VF* dv) const {
     const int c = kColsPerVec * v;
@@ -486,13 +530,16 @@ void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
 #endif
 
 namespace {
-// Steps of at most one row tile read Q8_0, Q4_K and Q6_K in place: a panel's unpacking
-// would serve too few rows to pay for its stores. False for the other types.
+// Steps of at most one row tile read every type in place: a panel's unpacking would serve
+// too few rows to pay for its stores.
 bool inPlace(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, int T, int nb, float* y, int N) {
   static thread_local SuperBlock scales;
   switch (d) {
     case DType::Q8_0: panelRows<false>(Q8Source{rows, rowBytes, cols}, x, T, nb, y, N, cols); return true;
+    case DType::Q4_0: panelRows<false>(Q4Source<false>{rows, rowBytes, cols}, x, T, nb, y, N, cols); return true;
+    case DType::Q4_1: panelRows<true>(Q4Source<true>{rows, rowBytes, cols}, x, T, nb, y, N, cols); return true;
     case DType::Q4_K: panelRows<true>(KSource<DType::Q4_K>{rows, rowBytes, cols, &scales}, x, T, nb, y, N, cols); return true;
+    case DType::Q5_K: panelRows<true>(KSource<DType::Q5_K>{rows, rowBytes, cols, &scales}, x, T, nb, y, N, cols); return true;
     case DType::Q6_K: panelRows<false>(KSource<DType::Q6_K>{rows, rowBytes, cols, &scales}, x, T, nb, y, N, cols); return true;
     default: return false;
   }
