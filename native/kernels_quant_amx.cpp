@@ -172,6 +172,20 @@ __attribute__((always_inline)) inline void eachBlock(F&& f) {
   }
 }
 
+// f(u, unit, scales) for each unit of the panel in order, its scales decoded, while the
+// panels ahead are prefetched.
+template <DType D, class F>
+__attribute__((always_inline)) inline void eachUnit(const Panel& p, int units, F&& f) {
+  Ahead ahead(p, units);
+  for (int u = 0; u < units; u++) {
+    ahead.next();
+    const uint8_t* unit = p.at + static_cast<size_t>(u) * kUnitBytes<D>;
+    UnitScales s;
+    decodeScales<D>(unit, s);
+    f(u, unit, s);
+  }
+}
+
 // ---- steps of up to kVecRows rows: vpdpbusd, one lane per column ----
 
 // With this few rows a group's tile work is shared by too few of them.
@@ -229,15 +243,9 @@ void vecRows(const Panel& p, const QuantActBlock* x, const int32_t* hs, int nb, 
   constexpr int perUnit = kBlocksPerUnit<D>;
   __m512 acc[R], macc[R];
   for (int t = 0; t < R; t++) acc[t] = macc[t] = _mm512_setzero_ps();
-  const int units = nb / perUnit;
-  Ahead ahead(p, units);
-  for (int u = 0; u < units; u++) {
-    ahead.next();
-    const uint8_t* unit = p.at + static_cast<size_t>(u) * kUnitBytes<D>;
-    UnitScales s;
-    decodeScales<D>(unit, s);
+  eachUnit<D>(p, nb / perUnit, [&](int u, const uint8_t* unit, const UnitScales& s) {
     eachBlock<perUnit>([&](auto j) { vecBlock<D, decltype(j)::value, R>(unit, s, x, hs, nb, perUnit * u + decltype(j)::value, acc, macc); });
-  }
+  });
   const __mmask16 written = static_cast<__mmask16>((1u << cols) - 1);
   for (int t = 0; t < R; t++)
     _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, kHasMins<D> ? _mm512_add_ps(acc[t], macc[t]) : acc[t]);
@@ -310,12 +318,7 @@ void unpackPanel(const Panel& p, int nb, KPanel& out) {
   out.q.resize(static_cast<size_t>(nb) * 8 * kVnniRow);
   out.scale.resize(static_cast<size_t>(units) * groupsPerUnit * kCols);
   out.min.resize(static_cast<size_t>(nb) * kCols);
-  Ahead ahead(p, units);
-  for (int u = 0; u < units; u++) {
-    ahead.next();
-    const uint8_t* unit = p.at + static_cast<size_t>(u) * kUnitBytes<D>;
-    UnitScales s;
-    decodeScales<D>(unit, s);
+  eachUnit<D>(p, units, [&](int u, const uint8_t* unit, const UnitScales& s) {
     for (int g = 0; g < groupsPerUnit; g++) _mm512_storeu_ps(out.scale.data() + (static_cast<size_t>(u) * groupsPerUnit + g) * kCols, s.scale[g]);
     if (kHasMins<D>)
       for (int j = 0; j < perUnit; j++) _mm512_storeu_ps(out.min.data() + (perUnit * static_cast<size_t>(u) + j) * kCols, s.min[j]);
@@ -327,7 +330,7 @@ void unpackPanel(const Panel& p, int nb, KPanel& out) {
         _mm512_storeu_si512(dst + kVnniRow * r, kOffset<D> ? _mm512_sub_epi8(v, _mm512_set1_epi8(static_cast<char>(kOffset<D>))) : v);
       }
     });
-  }
+  });
 }
 
 // Q8_0 panels read in place: the tile source of panelRows (group g = block g).

@@ -7,47 +7,38 @@ namespace weft {
 
 namespace {
 
-// One unit's fields for column c: copies `bytes` from `from` (in the column's block) to `to`
-// (in the panel unit), as whole 4-byte words, each to its VNNI row: word i at row i, column c.
-void vnniRows(const uint8_t* from, size_t bytes, uint8_t* to, int c) {
-  for (size_t i = 0; i < bytes / 4; i++) std::memcpy(to + kVnniRow * i + 4 * c, from + 4 * i, 4);
+// One field of a block: `bytes` at `src` in the column's block go to `dst` in the panel unit,
+// as one f16 per column (bytes == 2) or as VNNI rows (whole 4-byte words, word i at row i).
+struct Field {
+  int src, bytes, dst;
+};
+constexpr Field kQ8_0[] = {{0, 2, q8panel::kD}, {2, 32, q8panel::kQ}};
+constexpr Field kQ4_0[] = {{0, 2, q40panel::kD}, {2, 16, q40panel::kQ}};
+constexpr Field kQ4_1[] = {{0, 2, q41panel::kD}, {2, 2, q41panel::kM}, {4, 16, q41panel::kQ}};
+constexpr Field kQ4_K[] = {{0, 2, q4kpanel::kD}, {2, 2, q4kpanel::kDmin}, {4, 12, q4kpanel::kScales}, {16, 128, q4kpanel::kQs}};
+constexpr Field kQ5_K[] = {{0, 2, q5kpanel::kD}, {2, 2, q5kpanel::kDmin}, {4, 12, q5kpanel::kScales}, {16, 32, q5kpanel::kQh}, {48, 128, q5kpanel::kQs}};
+constexpr Field kQ6_K[] = {{0, 128, q6kpanel::kQl}, {128, 64, q6kpanel::kQh}, {192, 16, q6kpanel::kScales}, {208, 2, q6kpanel::kD}};
+
+template <size_t N>
+void packFields(const Field (&fields)[N], const uint8_t* src, uint8_t* unit, int c) {
+  for (const Field& f : fields) {
+    if (f.bytes == 2) {
+      std::memcpy(unit + f.dst + 2 * c, src + f.src, 2);
+      continue;
+    }
+    for (int i = 0; i < f.bytes / 4; i++) std::memcpy(unit + f.dst + kVnniRow * i + 4 * c, src + f.src + 4 * i, 4);
+  }
 }
 
 // Column c's block (or superblock) `src` into the panel unit `unit`.
 void packUnit(DType d, const uint8_t* src, uint8_t* unit, int c) {
   switch (d) {
-    case DType::Q8_0:
-      std::memcpy(unit + q8panel::kD + 2 * c, src, 2);
-      vnniRows(src + 2, 32, unit + q8panel::kQ, c);
-      return;
-    case DType::Q4_0:
-      std::memcpy(unit + q40panel::kD + 2 * c, src, 2);
-      vnniRows(src + 2, 16, unit + q40panel::kQ, c);
-      return;
-    case DType::Q4_1:
-      std::memcpy(unit + q41panel::kD + 2 * c, src, 2);
-      std::memcpy(unit + q41panel::kM + 2 * c, src + 2, 2);
-      vnniRows(src + 4, 16, unit + q41panel::kQ, c);
-      return;
-    case DType::Q4_K:
-      std::memcpy(unit + q4kpanel::kD + 2 * c, src, 2);
-      std::memcpy(unit + q4kpanel::kDmin + 2 * c, src + 2, 2);
-      vnniRows(src + 4, 12, unit + q4kpanel::kScales, c);
-      vnniRows(src + 16, 128, unit + q4kpanel::kQs, c);
-      return;
-    case DType::Q5_K:
-      std::memcpy(unit + q5kpanel::kD + 2 * c, src, 2);
-      std::memcpy(unit + q5kpanel::kDmin + 2 * c, src + 2, 2);
-      vnniRows(src + 4, 12, unit + q5kpanel::kScales, c);
-      vnniRows(src + 16, 32, unit + q5kpanel::kQh, c);
-      vnniRows(src + 48, 128, unit + q5kpanel::kQs, c);
-      return;
-    default:  // Q6_K: ql, qh, scales, d
-      vnniRows(src, 128, unit + q6kpanel::kQl, c);
-      vnniRows(src + 128, 64, unit + q6kpanel::kQh, c);
-      vnniRows(src + 192, 16, unit + q6kpanel::kScales, c);
-      std::memcpy(unit + q6kpanel::kD + 2 * c, src + 208, 2);
-      return;
+    case DType::Q8_0: return packFields(kQ8_0, src, unit, c);
+    case DType::Q4_0: return packFields(kQ4_0, src, unit, c);
+    case DType::Q4_1: return packFields(kQ4_1, src, unit, c);
+    case DType::Q4_K: return packFields(kQ4_K, src, unit, c);
+    case DType::Q5_K: return packFields(kQ5_K, src, unit, c);
+    default: return packFields(kQ6_K, src, unit, c);
   }
 }
 
