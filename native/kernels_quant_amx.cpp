@@ -1,18 +1,19 @@
-// AMX-INT8 tiles for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): the amx set's
-// quantized matmul, on the matrices it holds in VNNI panels (quant_panels.h). Per panel of 16 output columns and group
-// of inputs (32; Q6_K: 16, one per scale), a B tile is the weights' VNNI rows (Q8_0's as they
-// lie, the 4-, 5- and 6-bit types' unpacked to bytes once per panel), an A tile 16 activation
-// rows' int8 quants, and one TDPBSSD/TDPBSUD gives each (row, column) the exact int32 sum of
-// its group. Steps of up to 4 rows take the same sums with vpdpbusd: each VNNI row against the
-// row's 4 inputs broadcast, one lane per column, so no lanes are summed across.
+// AMX-INT8 tiles for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): the amx
+// set's quantized matmul, on the matrices it holds in VNNI panels (quant_panels.h). Per panel
+// of 16 output columns and group of inputs (32; Q6_K: 16, one per scale), a B tile is the
+// weights' VNNI rows (Q8_0's as they lie, the 4-, 5- and 6-bit types' unpacked to bytes once
+// per panel), an A tile 16 activation rows' int8 quants, and one TDPBSSD/TDPBSUD gives each
+// (row, column) the exact int32 sum of its group. Steps of up to 4 rows take the same sums with
+// vpdpbusd: each VNNI row against the row's 4 inputs broadcast, one lane per column, so no
+// lanes are summed across.
 //
 // The reduction order is the tiles' own, not quant.h's lane order: per output, for each
 // group g in order, acc = fma(float(p_g), s_g · x.d, acc), with p_g the exact integer Σ w·x
-// of the group, s_g its weight scale and x.d its activation block's scale; the min terms (Q4_1, Q4_K, Q5_K)
-// go into a second chain, macc = fma(m_b, x_b.s, macc) per block b, and y = acc + macc. A
-// tile computes each output from its own row and column, and every row count follows this
-// order, so the set is batch-invariant; it is not bit-identical to the other sets (see
-// MatmulQuantFn).
+// of the group, s_g its weight scale and x.d its activation block's scale; the min terms
+// (Q4_1, Q4_K, Q5_K) go into a second chain, macc = fma(m_b, x_b.s, macc) per block b, and
+// y = acc + macc. A tile computes each output from its own row and column, and every row count
+// follows this order, so the set is batch-invariant; it is not bit-identical to the other sets
+// (see MatmulQuantFn).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -56,9 +57,11 @@ constexpr int kOffset = D == DType::Q8_0 ? 128 : D == DType::Q4_0 ? 8 : D == DTy
 static_assert(q4kpanel::kD == q5kpanel::kD && q4kpanel::kDmin == q5kpanel::kDmin && q4kpanel::kScales == q5kpanel::kScales);
 template <DType D>
 constexpr int kBlocksPerUnit = D == DType::Q4_K || D == DType::Q5_K || D == DType::Q6_K ? 8 : 1;
-// Weight panels are asked into L2 this many panels ahead, a share of the panel per unit:
-// without it each panel started cold. Four panels of Q8_0 (68 KiB at K = 1024) are more
-// than L1 holds: with L1 as the target, one-row Q8_0 steps took 12 % longer.
+// Weight panels are asked into L2 this many panels ahead, a share of the panel per unit: with
+// no prefetch one row streamed 10–20 % slower (matmul-timing, session 20). Four panels of Q8_0
+// (68 KiB at K = 1024) are more than L1 holds: with L1 as the target, one-row Q8_0 steps took
+// 12 % longer. The current panel instead (distance 0) was 2–5 % faster at one row but 20 %
+// slower at four rows of Q8_0.
 constexpr int kPrefetchPanels = 4;
 
 using U32x16 = uint32_t __attribute__((vector_size(64)));
