@@ -47,8 +47,6 @@ struct PackedMatrix {
   int N = 0, K = 0;    // logical shape
   int Np = 0, Kp = 0;  // padded to kPackCols and to the chunk length (pair tiles: to kTileCols, kTileK)
   bool pairTiles = false;
-  // Q8_0/Q4_K/Q6_K held in VNNI panels (quant_panels.h) for a set that reads them (the amx set).
-  bool vnniPanels = false;
   // MLX4/MLX8 only: `data` holds each row's K·bits/32 words as stored; `scales` and `biases`
   // hold N × K/group values each in `paramDtype` (BF16, F16 or F32, as stored).
   const void* scales = nullptr;
@@ -178,7 +176,8 @@ struct Kernels {
   // Block-quantized weights; chosen from the set's name (sets copied from
   // another inherit its choice, as avx512bf16 inherits avx512's; amx sets its own).
   MatmulQuantFn matmulQuant = quantMatmulFor(name);
-  // Whether matmulQuant reads Q8_0, Q4_K and Q6_K in VNNI panels (quant_panels.h), packed at load.
+  // Whether matmulQuant reads block-quantized matrices in VNNI panels (quant_panels.h), packed at
+  // load, rather than as stored.
   bool quantPanels = false;
   // MLX affine weights, chosen from the set's name in the same way.
   MatmulMlxFn matmulMlx = mlxMatmulFor(name);

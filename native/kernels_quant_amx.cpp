@@ -36,8 +36,9 @@ namespace {
 constexpr int kCols = kPanelCols;  // output columns per panel: a B tile's 4-byte columns
 constexpr int kToks = 16;          // activation rows per A tile
 // The inputs of one tile product: those sharing a weight scale (Q6_K: 16, the others 32).
+constexpr int groupBytesOf(DType d) { return d == DType::Q6_K ? kQBlock / 2 : kQBlock; }
 template <DType D>
-constexpr int kGroupBytesOf = D == DType::Q6_K ? kQBlock / 2 : kQBlock;
+constexpr int kGroupBytesOf = groupBytesOf(D);
 template <DType D>
 constexpr int kUnitBytes = D == DType::Q8_0   ? q8panel::kUnit
                            : D == DType::Q4_0 ? q40panel::kUnit
@@ -51,8 +52,9 @@ constexpr bool kHasMins = D == DType::Q4_1 || D == DType::Q4_K || D == DType::Q5
 // The offset a signed type's weights are read with as unsigned bytes by vpdpbusd (Q8_0 as
 // w + 128; Q4_0's and Q6_K's stored values are w + 8 and w + 32): each sum then starts at
 // minus the offset times its inputs' Σx.
+constexpr int offsetOf(DType d) { return d == DType::Q8_0 ? 128 : d == DType::Q4_0 ? 8 : d == DType::Q6_K ? kQ6KBias : 0; }
 template <DType D>
-constexpr int kOffset = D == DType::Q8_0 ? 128 : D == DType::Q4_0 ? 8 : D == DType::Q6_K ? kQ6KBias : 0;
+constexpr int kOffset = offsetOf(D);
 // Q5_K's d, dmin and scale words lie as Q4_K's (decodeScales reads both the same way).
 static_assert(q4kpanel::kD == q5kpanel::kD && q4kpanel::kDmin == q5kpanel::kDmin && q4kpanel::kScales == q5kpanel::kScales);
 template <DType D>
@@ -464,15 +466,9 @@ void tileRows(DType d, const Panel& p, const ActTiles& xt, int T, float* y, int 
   }
 }
 
-int groupBytes(DType d) { return d == DType::Q6_K ? kGroupBytesOf<DType::Q6_K> : kQBlock; }
-
 }  // namespace
 
 void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
-  if (!w.vnniPanels) {
-    (hasAvx512Vnni() ? matmulQuantVnni : matmulQuantAvx2)(x, T, w, y, n0, n1);
-    return;
-  }
   const int nb = w.K / kQBlock;
   const size_t panelBytes = tensorBytes(w.dtype, kCols, w.K);
   static thread_local ActTiles xt;
@@ -482,8 +478,8 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
     repack(x, T, nb, xt);
     asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
     tiles.emplace();
-    tiles->load(configFor(std::min(T, kToks), groupBytes(w.dtype)));
-  } else if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0 || w.dtype == DType::Q6_K) {  // read with an offset (kOffset)
+    tiles->load(configFor(std::min(T, kToks), groupBytesOf(w.dtype)));
+  } else if (offsetOf(w.dtype) != 0) {
     halfSums(x, T, nb, hs);
   }
   for (int n = n0; n < n1; n += kCols) {

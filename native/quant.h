@@ -79,7 +79,7 @@ void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, flo
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantVnni(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 // The amx set's: every type on AMX-INT8 tiles, in its own reduction order, reading the
-// matrices in VNNI panels (kernels_quant_amx.cpp; a matrix held as stored goes to matmulQuantVnni).
+// matrices in VNNI panels (kernels_quant_amx.cpp; Kernels::quantPanels).
 void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 // Columns per unit when a quantized matmul is split across threads: the widest panel (AMX's 16).
 constexpr int kQuantSplitCols = 16;

@@ -44,12 +44,6 @@ namespace q6kpanel {
 constexpr int kD = 0, kScales = 32, kQl = 288, kQh = 2336, kUnit = 3360;
 }
 
-// Whether d's matrices are held in panels by a set that reads them (the amx set): every
-// block-quantized type.
-inline bool panelType(DType d) {
-  return d == DType::Q8_0 || d == DType::Q4_0 || d == DType::Q4_1 || d == DType::Q4_K || d == DType::Q5_K || d == DType::Q6_K;
-}
-
 // Bytes of an (N × K) matrix of type d in panels: N rounded up to whole panels.
 size_t panelBytes(DType d, int N, int K);
 

@@ -75,8 +75,7 @@ PackedMatrix PackedStore::packQuantized(const Tensor& t, bool panels) {
   p.dtype = t.dtype;
   p.N = p.Np = t.rows;
   p.K = p.Kp = t.cols;
-  p.vnniPanels = panels && panelType(t.dtype);
-  if (p.vnniPanels) {
+  if (panels) {
     p.Np = (t.rows + kPanelCols - 1) / kPanelCols * kPanelCols;
     auto* mem = static_cast<uint8_t*>(reserve(panelBytes(t.dtype, t.rows, t.cols)));
     packQuantPanels(t.dtype, static_cast<const uint8_t*>(t.data), t.rows, t.cols, mem);

@@ -48,9 +48,9 @@ class PackedStore {
   ~PackedStore();
   // Repacks `t` (N × K) into kernel-tile order, in its own dtype.
   PackedMatrix pack(const Tensor& t, int chunk);
-  // Copies a block-quantized `t` as it is: rows of ggml blocks, which the
-  // quantized kernels read one row at a time (a column group's rows are contiguous).
-  // As stored, or in VNNI panels (quant_panels.h) where `panels` and the type has them.
+  // Copies a block-quantized `t`: as it is (rows of ggml blocks, which the lane kernels read a
+  // column group's rows at a time), or with `panels` (the kernel set's quantPanels) permuted
+  // into VNNI panels (quant_panels.h).
   PackedMatrix packQuantized(const Tensor& t, bool panels);
   // Copies an MLX-quantized `t` as it is: its words, scales and biases.
   PackedMatrix packMlx(const Tensor& t);

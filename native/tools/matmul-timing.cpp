@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Kernels& k = activeKernels();
-  const bool panels = k.quantPanels && panelType(dt);  // held as the addon holds them (PackedStore::packQuantized)
+  const bool panels = k.quantPanels && !bf16;  // held as the addon holds them (PackedStore::packQuantized)
   const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(dt, N, K) : tensorBytes(dt, N, K);
   uint8_t* data = randomWeights(dt, bytes * copies);
   if (!data) {
@@ -91,7 +91,6 @@ int main(int argc, char** argv) {
     ws[c].dtype = dt;
     ws[c].N = ws[c].Np = N;
     ws[c].K = ws[c].Kp = K;
-    ws[c].vnniPanels = panels;
   }
   std::normal_distribution<float> normal;
   std::mt19937 rng(2);
