@@ -376,9 +376,12 @@ constexpr int kLag = 2, kSumBufs = kLag + 1;
 
 // The min chains (Q4_1, Q4_K, Q5_K; per output, macc = fma(m_b, x_b.s, macc) in block order), added to the
 // rows' accumulators: eight rows at a time, so that eight independent chains hide the FMA latency.
-void addMins(const ActTiles& xt, int tt, const float* mins, __m512 (&acc)[kToks]) {
+// Inlined and unrolled, so that the accumulators stay in registers (see panelRows' stores).
+__attribute__((always_inline)) inline void addMins(const ActTiles& xt, int tt, const float* mins, __m512 (&acc)[kToks]) {
+#pragma GCC unroll 2
   for (int h = 0; h < kToks; h += 8) {
     __m512 macc[8];
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) macc[i] = _mm512_setzero_ps();
     for (int b = 0; b < xt.nb; b++) {
       const __m512 m = _mm512_loadu_ps(mins + static_cast<size_t>(b) * kCols);
@@ -386,6 +389,7 @@ void addMins(const ActTiles& xt, int tt, const float* mins, __m512 (&acc)[kToks]
 #pragma GCC unroll 8
       for (int i = 0; i < 8; i++) macc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(s[i]), macc[i]);
     }
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) acc[h + i] = _mm512_add_ps(acc[h + i], macc[i]);
   }
 }
@@ -431,7 +435,11 @@ void panelRows(const S& p, const ActTiles& xt, int tt, int rows, const float* mi
   }
   if (mins) addMins(xt, tt, mins, acc);
   const __mmask16 written = static_cast<__mmask16>((1u << cols) - 1);
-  for (int t = 0; t < rows; t++) _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, acc[t]);
+  // Constant indices only: one acc[t] with a run-time t would keep all sixteen in memory, and every
+  // group's FMAs would then load and store them (in-cache Q8_0 at 16 rows: 15.3 → 13.3 ns a unit).
+#pragma GCC unroll 16
+  for (int t = 0; t < kToks; t++)
+    if (t < rows) _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, acc[t]);
 }
 
 // Every token tile of the step against one panel.
