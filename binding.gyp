@@ -23,7 +23,7 @@
         "native/kernels_scalar.cpp",
         "native/kernels_quant.cpp",
         "native/kernels_quant_avx2.cpp",
-        "native/kernels_quant_vnni.cpp",
+        "native/kernels_quant_panels.cpp",
         "native/kernels_quant_amx.cpp",
         "native/kernels_mlx.cpp",
         "native/kernels_mlx_avx2.cpp",

@@ -577,6 +577,7 @@ Napi::Object init(Napi::Env env, Napi::Object exports) {
     Napi::Object r = Napi::Object::New(info.Env());
     r.Set("avx2", f.avx2);
     r.Set("avx512", f.avx512);
+    r.Set("avx512vnni", f.avx512vnni);
     r.Set("avx512bf16", f.avx512bf16);
     r.Set("amx", f.amx);
     return r;

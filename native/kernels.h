@@ -78,15 +78,17 @@ using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, 
 // y[t, n] = Σ_k x[t, k] · w[n, k] for the columns [n0, n1), all rows t < T, with `x`
 // the rows quantized to int8 per 32-element block (quantizeActivations). Each
 // weight row is unpacked once and reused by every row t; integer dot products
-// per 4 inputs, fp32 accumulation in the fixed order quant.h spells out, which
-// every kernel set follows (bit-identical across sets and batch-invariant), except
-// the amx set's Q8_0, Q4_K and Q6_K: AMX-INT8 tiles in their own fixed order
-// (kernels_quant_amx.cpp), batch-invariant too.
+// per 4 inputs, fp32 accumulation in a fixed order: the AVX2 and scalar sets in
+// quant.h's (bit-identical to each other), the AVX-512 sets with VNNI and the amx
+// set in the panels' (kernels_quant_panels.cpp; bit-identical to each other). Each
+// order is batch-invariant.
 struct QuantActBlock;
 using MatmulQuantFn = void (*)(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
-// The quantized matmul for a kernel set: vpdpbusd (AVX512-VNNI) for the AVX-512
-// sets when the CPU has it, AVX2 (vpmaddubsw) for avx2 and AVX-512 without VNNI, else scalar.
+// The quantized matmul for a kernel set: vpdpbusd lanes on VNNI panels for the AVX-512
+// sets when the CPU has AVX512-VNNI, AVX2 (vpmaddubsw) for avx2 and AVX-512 without VNNI, else scalar.
 MatmulQuantFn quantMatmulFor(const char* kernelSet);
+// Whether a quantized matmul reads its matrices in VNNI panels (quant_panels.h), packed at load.
+bool readsQuantPanels(MatmulQuantFn f);
 // MLX affine weights (w.dtype MLX4/MLX8): y[t, n] = Σ_k x[t, k] · w[n, k] for the columns
 // [n0, n1), all rows t < T, x in fp32 (T × K, natural order). Each weight is dequantized
 // exactly, w = fma(q, scale, bias) in fp32 (scale·q is exact for bf16/f16 scales, so this is
@@ -176,9 +178,8 @@ struct Kernels {
   // Block-quantized weights; chosen from the set's name (sets copied from
   // another inherit its choice, as avx512bf16 inherits avx512's; amx sets its own).
   MatmulQuantFn matmulQuant = quantMatmulFor(name);
-  // Whether matmulQuant reads block-quantized matrices in VNNI panels (quant_panels.h), packed at
-  // load, rather than as stored.
-  bool quantPanels = false;
+  // Whether matmulQuant reads block-quantized matrices in VNNI panels, packed at load.
+  bool quantPanels() const { return readsQuantPanels(matmulQuant); }
   // MLX affine weights, chosen from the set's name in the same way.
   MatmulMlxFn matmulMlx = mlxMatmulFor(name);
 };
@@ -197,7 +198,7 @@ const Kernels& activeKernels();
 
 // The CPU features behind the choice (CPUID, and AMX tile permission granted by Linux).
 struct CpuFeatures {
-  bool avx2, avx512, avx512bf16, amx;
+  bool avx2, avx512, avx512vnni, avx512bf16, amx;
 };
 const CpuFeatures& cpuFeatures();
 

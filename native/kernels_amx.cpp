@@ -156,7 +156,6 @@ const Kernels& kernelsAmx() {
     s.name = "amx";
     s.matmulBf16 = matmulBf16;
     s.matmulQuant = matmulQuantAmx;
-    s.quantPanels = true;
     s.bf16Hardware = true;
     return s;
   }();

@@ -274,20 +274,13 @@ void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, flo
   }
 }
 
-bool hasAvx512Vnni() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  }();
-  return has;
-}
-
 MatmulQuantFn quantMatmulFor(const char* kernelSet) {
   const std::string set = kernelSet ? kernelSet : "";
   if (set == "scalar") return matmulQuantScalar;
-  if (set != "avx2" && hasAvx512Vnni()) return matmulQuantVnni;
+  if (set != "avx2" && cpuFeatures().avx512vnni) return matmulQuantPanels;
   return matmulQuantAvx2;
 }
+
+bool readsQuantPanels(MatmulQuantFn f) { return f == matmulQuantPanels || f == matmulQuantAmx; }
 
 }  // namespace weft

@@ -1,11 +1,7 @@
-// The quantized matmul with integer dot products, in the order quant.h fixes
-// (bit-identical to the scalar code). Compiled twice: here for AVX2 (256-bit, one
-// panel column per vector; a lane's 4 products summed by vpmaddubsw + vpmaddwd on
-// |w| and x with w's sign, where |w| ≤ 128 and |x| ≤ 127 keep the 16-bit pair sums
-// from saturating), and by kernels_quant_vnni.cpp (WEFT_QUANT_VNNI): 512-bit
-// vpdpbusd, two panel columns per vector (each 256-bit half is one column's 8 lanes,
-// so the order per output is the 256-bit one) on the weights stored as w + 128,
-// the chain started at −128·Σx so that the lane sums stay exact.
+// The quantized matmul with integer dot products for AVX2, in the order quant.h fixes
+// (bit-identical to the scalar code): 256-bit, one panel column per vector; a lane's 4
+// products summed by vpmaddubsw + vpmaddwd on |w| and x with w's sign, where |w| ≤ 128
+// and |x| ≤ 127 keep the 16-bit pair sums from saturating.
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
@@ -15,16 +11,7 @@
 #include "quant.h"
 
 #pragma GCC push_options
-#ifdef WEFT_QUANT_VNNI
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-// GCC 12's avx512fintrin.h trips this on its own _mm512_undefined_* placeholders.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#define WEFT_QUANT_MATMUL matmulQuantVnni
-#else
 #pragma GCC target("avx2,fma,f16c")
-#define WEFT_QUANT_MATMUL matmulQuantAvx2
-#endif
 #include "kquant_blocks.h"
 
 namespace weft {
@@ -33,32 +20,22 @@ namespace {
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline void store32(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 
-// The signed weights (Q8_0, Q4_0, Q6_K) as the dot takes them: for vpdpbusd,
-// w + 128 as unsigned bytes; the unsigned ones (the types with a min) as they are.
-inline __m256i signedForDot(__m256i w) {
-#ifdef WEFT_QUANT_VNNI
-  return _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
-#else
-  return w;
-#endif
-}
-
 // Block b of an unpacked row (see UnpackedRow's step).
 inline int8_t* blockQ(const UnpackedRow& r, int b) { return r.q + static_cast<size_t>(32) * r.step * b; }
 inline float* blockDv(const UnpackedRow& r, int b) { return r.dv + static_cast<size_t>(8) * r.step * b; }
 
 void unpackQ8_0(const uint8_t* src, int K, UnpackedRow r) {  // r by value: its stores cannot alias it
   for (int b = 0; b < K / 32; b++, src += 34) {
-    store32(blockQ(r, b), signedForDot(load32(src + 2)));
+    store32(blockQ(r, b), load32(src + 2));
     _mm256_storeu_ps(blockDv(r, b), _mm256_set1_ps(f16At(src)));
     r.m[r.step * b] = 0.0f;
   }
 }
 
-// Block K (0–3) of a Q6_K half superblock as the dot takes it (q6kBits − kQ6KBias, signedForDot).
+// Block K (0–3) of a Q6_K half superblock as the dot takes it (q6kBits − kQ6KBias).
 template <int K>
 inline __m256i q6kQuants(__m256i l, __m256i h) {
-  return signedForDot(_mm256_sub_epi8(__m256i(q6kBits<K>(U8x32(l), U8x32(h))), _mm256_set1_epi8(kQ6KBias)));
+  return _mm256_sub_epi8(__m256i(q6kBits<K>(U8x32(l), U8x32(h))), _mm256_set1_epi8(kQ6KBias));
 }
 
 // Block 2i + High of a Q4_K superblock from its quant bytes 32i..32i+31.
@@ -115,7 +92,7 @@ inline __m256i q4Quants(const uint8_t* a) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + (One ? 4 : 2)));
   const __m128i low = _mm_and_si128(v, _mm_set1_epi8(0x0F)), high = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
   const __m256i q = _mm256_set_m128i(high, low);
-  return One ? q : signedForDot(_mm256_sub_epi8(q, _mm256_set1_epi8(8)));
+  return One ? q : _mm256_sub_epi8(q, _mm256_set1_epi8(8));
 }
 
 // Q4_0 (18-byte blocks: f16 d, 16 bytes; input i < 16 the low nibble of byte i, 16 + i its
@@ -157,7 +134,7 @@ void unpackQ5K(const uint8_t* src, int K, UnpackedRow r) {
   }
 }
 
-// Every type's values as unpackRowScalar gives them (the signed ones through signedForDot).
+// Every type's values as unpackRowScalar gives them.
 void unpackRow(DType d, const uint8_t* src, int K, const UnpackedRow& r) {
   switch (d) {
     case DType::Q8_0: unpackQ8_0(src, K, r); return;
@@ -218,29 +195,6 @@ inline float hsum(__m256 acc) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-#ifdef WEFT_QUANT_VNNI
-// Two panel columns per vector; the activation block broadcast to both halves.
-constexpr int kColsPerVec = 2, kTileRows = 8;
-using VF = __m512;
-using VI = __m512i;
-// Two 256-bit loads, as the panel was written: one 512-bit load of two fresh
-// 256-bit stores would stall on store forwarding.
-inline VI loadW(const int8_t* p) { return _mm512_inserti64x4(_mm512_castsi256_si512(load32(p)), load32(p + 32), 1); }
-inline VF loadDv(const float* p) { return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p)), _mm256_loadu_ps(p + 8), 1); }
-inline VI loadX(const int8_t* q) { return _mm512_broadcast_i64x4(load32(q)); }
-inline VF set1(float v) { return _mm512_set1_ps(v); }
-inline VF zeroF() { return _mm512_setzero_ps(); }
-// −128·Σ4 x per lane: the chain's start for signed weights, which removes their +128.
-inline VI chainStart(VI x) {
-  const VI zero = _mm512_setzero_si512();
-  return _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(static_cast<char>(0x80)), x));
-}
-inline VI dot(VI start, VI w, VI x) { return _mm512_dpbusd_epi32(start, w, x); }
-inline VF cvt(VI p) { return _mm512_cvtepi32_ps(p); }
-inline VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
-inline VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
-inline __m256 half(VF v, int h) { return h ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v); }
-#else
 constexpr int kColsPerVec = 1, kTileRows = 2;
 using VF = __m256;
 using VI = __m256i;
@@ -257,7 +211,6 @@ inline VF cvt(VI p) { return _mm256_cvtepi32_ps(p); }
 inline VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
 inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
 inline __m256 half(VF v, int) { return v; }
-#endif
 constexpr int kVecs = kQPanel / kColsPerVec;
 
 // Block b of the panel: vector v's weights (as the dot takes them) and lane scales.
@@ -284,15 +237,8 @@ struct Q8Source {
   void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
     const int i = kColsPerVec * v;
     const uint8_t* a = rows + rowBytes * (i < cols ? i : 0) + 34 * static_cast<size_t>(b);
-#ifdef WEFT_QUANT_VNNI
-    const uint8_t* c = rows + rowBytes * (i + 1 < cols ? i + 1 : 0) + 34 * static_cast<size_t>(b);
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(load32(a + 2)), load32(c + 2), 1);
-    *w = _mm512_xor_si512(q, _mm512_set1_epi8(static_cast<char>(0x80)));  // signedForDot
-    *dv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(f16At(a))), _mm256_set1_ps(f16At(c)), 1);
-#else
     *w = load32(a + 2);
     *dv = _mm256_set1_ps(f16At(a));
-#endif
   }
   __m128 mins(int, std::integral_constant<int, 0>) const { return _mm_setzero_ps(); }
   void begin(int) const {}
@@ -316,13 +262,8 @@ struct Q4Source {
   const uint8_t* at(int c, int b) const { return rows + rowBytes * (c < cols ? c : 0) + kBytes * static_cast<size_t>(b); }
   void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
     const int i = kColsPerVec * v;
-#ifdef WEFT_QUANT_VNNI
-    *w = _mm512_inserti64x4(_mm512_castsi256_si512(q4Quants<One>(at(i, b))), q4Quants<One>(at(i + 1, b)), 1);
-    *dv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(f16At(at(i, b)))), _mm256_set1_ps(f16At(at(i + 1, b))), 1);
-#else
     *w = q4Quants<One>(at(i, b));
     *dv = _mm256_set1_ps(f16At(at(i, b)));
-#endif
   }
   __m128 mins(int b, std::integral_constant<int, 0>) const {
     if (!One) return _mm_setzero_ps();
@@ -392,19 +333,11 @@ struct KSource {
   template <int J>
   void block(int, std::integral_constant<int, J>, int v, VI* w, VF* dv) const {
     const int c = kColsPerVec * v;
-#ifdef WEFT_QUANT_VNNI
-    *w = _mm512_inserti64x4(_mm512_castsi256_si512(quants<J>(c)), quants<J>(c + 1), 1);
-    const __m512i idx = _mm512_setr_epi32(scaleAt<J>(0), scaleAt<J>(1), scaleAt<J>(2), scaleAt<J>(3), scaleAt<J>(4), scaleAt<J>(5), scaleAt<J>(6), scaleAt<J>(7),
-                                          16 + scaleAt<J>(0), 16 + scaleAt<J>(1), 16 + scaleAt<J>(2), 16 + scaleAt<J>(3), 16 + scaleAt<J>(4),
-                                          16 + scaleAt<J>(5), 16 + scaleAt<J>(6), 16 + scaleAt<J>(7));
-    *dv = _mm512_permutex2var_ps(_mm512_load_ps(s->scale[c]), idx, _mm512_load_ps(s->scale[c + 1]));
-#else
     *w = quants<J>(c);
     constexpr int base = scaleAt<J>(0) / 8 * 8;  // Q6_K's blocks 4–7 take scales 8–15
     const __m256i idx = _mm256_setr_epi32(scaleAt<J>(0) - base, scaleAt<J>(1) - base, scaleAt<J>(2) - base, scaleAt<J>(3) - base, scaleAt<J>(4) - base,
                                           scaleAt<J>(5) - base, scaleAt<J>(6) - base, scaleAt<J>(7) - base);
     *dv = _mm256_permutevar8x32_ps(_mm256_load_ps(s->scale[c] + base), idx);
-#endif
   }
   template <int J>
   __m128 mins(int, std::integral_constant<int, J>) const { return _mm_load_ps(s->min[J]); }
@@ -477,14 +410,6 @@ void panelRows(const Source& p, const QuantActBlock* x, int T, int nb, float* y,
     switch (std::min(kTileRows, T - t)) {
       case 1: tile<1, Mins, Source>(p, xt, nb, yt, N, cols); break;
       case 2: tile<2, Mins, Source>(p, xt, nb, yt, N, cols); break;
-#ifdef WEFT_QUANT_VNNI
-      case 3: tile<3, Mins, Source>(p, xt, nb, yt, N, cols); break;
-      case 4: tile<4, Mins, Source>(p, xt, nb, yt, N, cols); break;
-      case 5: tile<5, Mins, Source>(p, xt, nb, yt, N, cols); break;
-      case 6: tile<6, Mins, Source>(p, xt, nb, yt, N, cols); break;
-      case 7: tile<7, Mins, Source>(p, xt, nb, yt, N, cols); break;
-      case 8: tile<8, Mins, Source>(p, xt, nb, yt, N, cols); break;
-#endif
       default: break;
     }
   }
@@ -492,7 +417,6 @@ void panelRows(const Source& p, const QuantActBlock* x, int T, int nb, float* y,
 
 }  // namespace
 
-#ifndef WEFT_QUANT_VNNI
 // quantizeActivations with 8-wide vectors: the same operations per element
 // (roundps to nearest even is nearbyint in the default rounding mode), so the same bits.
 void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
@@ -527,7 +451,6 @@ void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
       o.s = o.d * static_cast<float>(sum);
     }
 }
-#endif
 
 namespace {
 // Steps of at most one row tile read every type in place: a panel's unpacking would serve
@@ -546,7 +469,7 @@ bool inPlace(DType d, const uint8_t* rows, size_t rowBytes, int cols, const Quan
 }
 }  // namespace
 
-void WEFT_QUANT_MATMUL(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
+void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
   const int nb = w.K / kQBlock;
   static thread_local std::vector<int8_t> q;
   static thread_local std::vector<float> dv, m;

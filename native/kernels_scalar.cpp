@@ -152,6 +152,7 @@ CpuFeatures detect() {
   CpuFeatures f{};
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  f.avx512vnni = f.avx512 && f.avx2 && __builtin_cpu_supports("avx512vnni");
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool leaf7 = __get_cpuid_count(7, 0, &a, &b, &c, &d);
   const bool amxBf16 = leaf7 && (d >> 22 & 1) && (d >> 24 & 1);  // AMX-BF16, AMX-TILE

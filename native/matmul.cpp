@@ -63,18 +63,11 @@ void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedM
 
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
   static thread_local std::vector<QuantActBlock> acts;  // grown to the largest step, per calling thread
-  quantizeRows(k, x, T, w.K, acts);
-  matmulQuantizedRows(k, acts.data(), T, w, y);
-}
-
-void quantizeRows(const Kernels& k, const float* x, int T, int K, std::vector<QuantActBlock>& out) {
-  const size_t blocks = static_cast<size_t>(T) * (K / kQBlock);
-  if (out.size() < blocks) out.resize(blocks);
-  if (k.matmulQuant == matmulQuantScalar) quantizeActivations(x, T, K, out.data());  // the reference, also here
-  else quantizeActivationsAvx2(x, T, K, out.data());
-}
-
-void matmulQuantizedRows(const Kernels& k, const QuantActBlock* xq, int T, const PackedMatrix& w, float* y) {
+  const size_t blocks = static_cast<size_t>(T) * (w.K / kQBlock);
+  if (acts.size() < blocks) acts.resize(blocks);
+  if (k.matmulQuant == matmulQuantScalar) quantizeActivations(x, T, w.K, acts.data());  // the reference, also here
+  else quantizeActivationsAvx2(x, T, w.K, acts.data());
+  const QuantActBlock* xq = acts.data();  // the workers' own `acts` are other objects
   perThreadRuns((w.N + kQuantSplitCols - 1) / kQuantSplitCols,
                 [&](int g0, int g1) { k.matmulQuant(xq, T, w, y, g0 * kQuantSplitCols, std::min(w.N, g1 * kQuantSplitCols)); });
 }

@@ -6,11 +6,10 @@
 // 32-element block to int8 with one fp32 scale (as llama.cpp's q8_0/q8_1 do).
 // Weight rows are unpacked into L1 to int8 values in 32-element blocks with
 // eight fp32 lane scales and a "min" coefficient; every row of the step is then
-// dotted against the unpacked rows (steps of one row tile read Q8_0, Q4_K and Q6_K
-// in place instead, to the same values). Only the integer lane sums may be computed
-// differently (the VNNI set stores signed weights as w + 128 and starts each
-// sum at −128·Σx): they are exact, so every set gives the same bits. The amx
-// set's kernel alone has another order (matmulQuantAmx).
+// dotted against the unpacked rows (steps of one row tile read every type in place
+// instead, to the same values): the AVX2 and scalar sets, bit-identical. The AVX-512
+// sets with VNNI (and the amx set) read the matrices in VNNI panels instead, in
+// their own order (matmulQuantPanels).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -67,19 +66,20 @@ void quantizeActivations(const float* x, int T, int K, QuantActBlock* out);
 void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out);
 
 // Unpacks one weight row `src` (K elements of dtype d, in ggml's block layout)
-// into `out`; the portable code, which the vector sets match bit for bit.
+// into `out`; the portable code, which the AVX2 set matches bit for bit.
 void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out);
 
 // The quantized matmul of each kernel set (see MatmulQuantFn in kernels.h). The
-// vector sets unpack kQPanel weight rows at a time into an L1 panel, block-major,
+// AVX2 set unpacks kQPanel weight rows at a time into an L1 panel, block-major,
 // and dot a tile of activation rows against all of them in registers, so each
 // unpacked block serves kQPanel × rows dot products; per element the order above holds.
 constexpr int kQPanel = 4;
 void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
-void matmulQuantVnni(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
-// The amx set's: every type on AMX-INT8 tiles, in its own reduction order, reading the
-// matrices in VNNI panels (kernels_quant_amx.cpp; Kernels::quantPanels).
+// On matrices held in VNNI panels (Kernels::quantPanels), in their own reduction order: the
+// AVX512-VNNI lane kernel (kernels_quant_panels.cpp), and the amx set's AMX-INT8 tiles
+// (kernels_quant_amx.cpp), which give its bits and hand it steps of few rows.
+void matmulQuantPanels(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 // Columns per unit when a quantized matmul is split across threads: the widest panel (AMX's 16).
 constexpr int kQuantSplitCols = 16;
@@ -87,12 +87,5 @@ constexpr int kQuantSplitCols = 16;
 // y[T, w.N] = x[T, w.K] · wᵀ for a block-quantized w: the rows of x quantized
 // per block, then the columns split across threads (defined in matmul.cpp).
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y);
-// Its two halves, so that matrices sharing an input (q/k/v, gate/up) quantize it once:
-// the rows of x (T × K) → `out` (grown as needed), then the matmul on those blocks.
-void quantizeRows(const Kernels& k, const float* x, int T, int K, std::vector<QuantActBlock>& out);
-void matmulQuantizedRows(const Kernels& k, const QuantActBlock* xq, int T, const PackedMatrix& w, float* y);
-
-// Whether this CPU has AVX512-VNNI (vpdpbusd on 256-bit registers).
-bool hasAvx512Vnni();
 
 }  // namespace weft

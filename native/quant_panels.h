@@ -1,4 +1,4 @@
-// Block-quantized matrices (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) as the amx set holds them: the file's bytes permuted at load
+// Block-quantized matrices (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) as the VNNI and amx sets hold them: the file's bytes permuted at load
 // (none changed, none added) so that one 64-byte load gives one 4-byte group of inputs for 16
 // output columns, the layout vpdpbusd lanes and an AMX B tile read (a "VNNI" row).
 //

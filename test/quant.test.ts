@@ -93,13 +93,21 @@ async function probeLogits(file: string, tokens: number[], batched: boolean): Pr
   }
 }
 
-/** The kernel sets that share quant.h's lane order, to force: VNNI where the CPU has AVX512-VNNI, AVX2, scalar. */
-function laneOrderSets(): string[] {
+/**
+ * The kernel sets to force, by reduction order: the VNNI panels' (the AVX-512 sets where the CPU
+ * has AVX512-VNNI, and amx where it has AMX) and quant.h's lanes (AVX2, scalar). Each order's sets
+ * give the same bits.
+ */
+function orderSets(): { panels: string[]; lanes: string[] } {
   const f = loadNative().cpuFeatures();
-  const sets = [f.avx512bf16 ? "avx512bf16" : f.avx512 ? "avx512" : null, f.avx2 ? "avx2" : null, "scalar"].filter((s): s is string => s !== null);
-  if (!f.avx512) console.log("NOTICE: no AVX-512 on this CPU: the VNNI path is not tested");
+  const vnni = f.avx512 && f.avx512vnni ? (f.avx512bf16 ? "avx512bf16" : "avx512") : null;
+  if (!vnni) console.log("NOTICE: no AVX512-VNNI on this CPU: the VNNI panel path is not tested");
+  if (!f.amx) console.log("NOTICE: no AMX on this CPU: the AMX-INT8 path is not tested");
   if (!f.avx2) console.log("NOTICE: no AVX2 on this CPU: the AVX2 path is not tested");
-  return sets;
+  return {
+    panels: [vnni, f.amx ? "amx" : null].filter((x): x is string => x !== null),
+    lanes: [f.avx2 ? "avx2" : null, "scalar"].filter((x): x is string => x !== null),
+  };
 }
 
 /** How many tokens a forced set also runs one step each: every set's few-row path (it reads some types in place) against its batched one. */
@@ -138,30 +146,29 @@ for (const [k, type] of QUANT_TYPES.entries()) {
     const alone = await probeLogits(file, tokens, false);
     const batched = await probeLogits(file, tokens, true);
     for (const t of tokens) assert.ok(alone[t]!.every((v, i) => Object.is(v, batched[t]![i])), `${type}: token ${t} differs alone and in a batch of ${ROWS}`);
-    const few = await probeLogits(file, tokens.slice(0, 3), true);  // a step of a few rows (the AMX set's vector path)
-    few.forEach((l, t) => assert.ok(l.every((v, i) => Object.is(v, alone[t]![i])), `${type}: token ${t} differs alone and in a batch of 3`));
+    // Steps of 3 and 10 rows: the lane kernel's passes of four rows (the amx set's below tileRowsFrom).
+    for (const n of [3, 10]) {
+      const few = await probeLogits(file, tokens.slice(0, n), true);
+      few.forEach((l, t) => assert.ok(l.every((v, i) => Object.is(v, alone[t]![i])), `${type}: token ${t} differs alone and in a batch of ${n}`));
+    }
 
     checkAgainstFp64(type, `${loadNative().isa()} (in use)`, alone, wd, embed, tokens);
 
-    // The sets that share quant.h's lane order give the same bits; each is within the bounds.
-    const laneSets = laneOrderSets();
-    const byLane = laneSets.map((isa) => {
-      const { batched: got, alone: gotAlone } = probeInChild(file, isa);
-      gotAlone.forEach((l, t) => assert.ok(l.every((v, j) => Object.is(v, got[t]![j])), `${type}: WEFT_ISA=${isa}: token ${t} differs alone and in a batch of ${ROWS}`));
-      return got;
-    });
-    byLane.forEach((got, i) => {
-      checkAgainstFp64(type, laneSets[i]!, got, wd, embed, tokens);
-      for (const t of tokens) assert.ok(got[t]!.every((v, j) => Object.is(v, byLane[0]![t]![j])), `${type}: WEFT_ISA=${laneSets[i]} differs from ${laneSets[0]} on token ${t}`);
-    });
-    // The AMX set (in use above unless WEFT_ISA says otherwise, else run in a child) runs every
-    // type on tiles in its own order (kernels_quant_amx.cpp): within the bounds.
-    if (loadNative().cpuFeatures().amx) {
-      const amx = loadNative().isa() === "amx" ? batched : probeInChild(file, "amx").batched;
-      if (amx !== batched) checkAgainstFp64(type, "amx", amx, wd, embed, tokens);
-    } else {
-      console.log("NOTICE: no AMX on this CPU: the AMX-INT8 path is not tested");
-      for (const t of tokens) assert.ok(byLane[0]![t]!.every((v, j) => Object.is(v, batched[t]![j])), `${type}: the set in use differs from ${laneSets[0]} on token ${t}`);
+    // Every set forced in turn: batch-invariant, within the bounds, and the same bits as the other
+    // sets of its order.
+    const orders = orderSets();
+    for (const sets of [orders.panels, orders.lanes]) {
+      const runs = sets.map((isa) => {
+        const { batched: got, alone: gotAlone } = probeInChild(file, isa);
+        gotAlone.forEach((l, t) => assert.ok(l.every((v, j) => Object.is(v, got[t]![j])), `${type}: WEFT_ISA=${isa}: token ${t} differs alone and in a batch of ${ROWS}`));
+        checkAgainstFp64(type, isa, got, wd, embed, tokens);
+        return got;
+      });
+      runs.forEach((got, i) => {
+        for (const t of tokens) assert.ok(got[t]!.every((v, j) => Object.is(v, runs[0]![t]![j])), `${type}: WEFT_ISA=${sets[i]} differs from ${sets[0]} on token ${t}`);
+      });
+      if (sets.includes(loadNative().isa()))
+        for (const t of tokens) assert.ok(runs[0]![t]!.every((v, j) => Object.is(v, batched[t]![j])), `${type}: the set in use differs from ${sets[0]} on token ${t}`);
     }
   });
 }

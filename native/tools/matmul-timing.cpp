@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Kernels& k = activeKernels();
-  const bool panels = k.quantPanels && !bf16;  // held as the addon holds them (PackedStore::packQuantized)
+  const bool panels = k.quantPanels() && !bf16;  // held as the addon holds them (PackedStore::packQuantized)
   const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(dt, N, K) : tensorBytes(dt, N, K);
   uint8_t* data = randomWeights(dt, bytes * copies);
   if (!data) {

@@ -184,6 +184,7 @@ export interface NativeModelInfo {
 export interface NativeCpuFeatures {
   avx2: boolean;
   avx512: boolean;
+  avx512vnni: boolean;
   avx512bf16: boolean;
   amx: boolean;
 }

@@ -1,0 +1,137 @@
+// The VNNI lane kernel on the panels (quant_panels.h) of every block-quantized type (Q8_0,
+// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): the quantized matmul of the AVX-512 sets on CPUs with
+// AVX512-VNNI, and the amx set's for steps of few rows. Per panel of 16 output columns, up to
+// four activation rows at a time: each VNNI row (one 4-input word of the 16 columns, decoded to
+// bytes by quant_panel_units.h) meets the row's 4 inputs broadcast in one vpdpbusd, so each lane
+// is one column's running sum and nothing is summed across lanes. A panel is read from memory
+// for its first four rows and from cache for the rest.
+//
+// The reduction order (the AMX tiles', kernels_quant_amx.cpp, which gives the same bits): per
+// output, for each group g in order (32 inputs sharing a weight scale; Q6_K: 16),
+// acc = fma(float(p_g), s_g · x.d, acc), with p_g the exact integer Σ w·x of the group, s_g its
+// weight scale and x.d its activation block's scale; the min terms (Q4_1, Q4_K, Q5_K) go into a
+// second chain, macc = fma(m_b, x_b.s, macc) per block b, and y = acc + macc. Every row's sums
+// follow it whatever the step's row count, so the kernel is batch-invariant; it is not the lane
+// order of quant.h that the AVX2 and scalar sets share (see MatmulQuantFn).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+#include "quant.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+#include "kquant_blocks.h"
+#include "quant_panel_units.h"
+
+namespace weft {
+namespace {
+
+// Rows per pass over a panel: each keeps two accumulators a row in registers.
+constexpr int kVecRows = 4;
+
+// Σ of each activation block's quants by halves (row-major over blocks): the corrections
+// for weights that the dot reads with an offset (kOffset).
+void halfSums(const QuantActBlock* x, int T, int nb, std::vector<int32_t>& out) {
+  out.resize(2 * static_cast<size_t>(T) * nb);
+  for (size_t i = 0; i < static_cast<size_t>(T) * nb; i++)
+    for (int h = 0; h < 2; h++) {
+      int32_t s = 0;
+      for (int j = 0; j < kQBlock / 2; j++) s += x[i].q[kQBlock / 2 * h + j];
+      out[2 * i + h] = s;
+    }
+}
+
+// Block J (block b of the matrix) of unit u for R rows: per group the exact sums, one lane per
+// column (the chain started at minus the offset times Σx), then the fp32 operations of the header.
+template <DType D, int J, int R>
+__attribute__((always_inline)) inline void vecBlock(const uint8_t* u, const UnitScales& s, const QuantActBlock* x, const int32_t* hs, int nb, int b,
+                                                    __m512 (&acc)[R], __m512 (&macc)[R]) {
+  __m512i w[8];
+  for (int r = 0; r < 8; r++) {
+    w[r] = vnniRow<D, J>(u, r);
+    if constexpr (D == DType::Q8_0) w[r] = _mm512_xor_si512(w[r], _mm512_set1_epi8(static_cast<char>(0x80)));  // w + 128: unsigned
+  }
+  for (int t = 0; t < R; t++) {
+    const size_t i = static_cast<size_t>(t) * nb + b;
+    const QuantActBlock& xb = x[i];
+    const auto word = [&](int r) {
+      int32_t v;
+      std::memcpy(&v, xb.q + 4 * r, 4);
+      return _mm512_set1_epi32(v);
+    };
+    const __m512 xd = _mm512_set1_ps(xb.d);
+    if constexpr (D == DType::Q6_K) {
+      __m512i lo = _mm512_set1_epi32(-kOffset<D> * hs[2 * i]), hi = _mm512_set1_epi32(-kOffset<D> * hs[2 * i + 1]);
+      for (int r = 0; r < 4; r++) lo = _mm512_dpbusd_epi32(lo, w[r], word(r));
+      for (int r = 4; r < 8; r++) hi = _mm512_dpbusd_epi32(hi, w[r], word(r));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(s.scale[2 * J], xd), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(s.scale[2 * J + 1], xd), acc[t]);
+    } else {
+      __m512i p = kOffset<D> ? _mm512_set1_epi32(-kOffset<D> * (hs[2 * i] + hs[2 * i + 1])) : _mm512_setzero_si512();
+      for (int r = 0; r < 8; r++) p = _mm512_dpbusd_epi32(p, w[r], word(r));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(s.scale[J], xd), acc[t]);
+      if constexpr (kHasMins<D>) macc[t] = _mm512_fmadd_ps(s.min[J], _mm512_set1_ps(xb.s), macc[t]);
+    }
+  }
+}
+
+// R activation rows (row t's blocks at x + t·nb; y: row stride N) × one panel's first `cols` columns.
+template <DType D, int R>
+void vecRows(const Panel& p, const QuantActBlock* x, const int32_t* hs, int nb, float* y, int N, int cols) {
+  constexpr int perUnit = kBlocksPerUnit<D>;
+  __m512 acc[R], macc[R];
+  for (int t = 0; t < R; t++) acc[t] = macc[t] = _mm512_setzero_ps();
+  eachUnit<D>(p, nb / perUnit, [&](int u, const uint8_t* unit, const UnitScales& s) {
+    eachBlock<perUnit>([&](auto j) { vecBlock<D, decltype(j)::value, R>(unit, s, x, hs, nb, perUnit * u + decltype(j)::value, acc, macc); });
+  });
+  const __mmask16 written = static_cast<__mmask16>((1u << cols) - 1);
+  for (int t = 0; t < R; t++)
+    _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, kHasMins<D> ? _mm512_add_ps(acc[t], macc[t]) : acc[t]);
+}
+
+template <DType D>
+void vecRowsOf(const Panel& p, const QuantActBlock* x, const int32_t* hs, int T, int nb, float* y, int N, int cols) {
+  switch (T) {
+    case 1: vecRows<D, 1>(p, x, hs, nb, y, N, cols); break;
+    case 2: vecRows<D, 2>(p, x, hs, nb, y, N, cols); break;
+    case 3: vecRows<D, 3>(p, x, hs, nb, y, N, cols); break;
+    case 4: vecRows<D, 4>(p, x, hs, nb, y, N, cols); break;
+    default: break;
+  }
+}
+
+void vecRowsFor(DType d, const Panel& p, const QuantActBlock* x, const int32_t* hs, int T, int nb, float* y, int N, int cols) {
+  switch (d) {
+    case DType::Q4_0: vecRowsOf<DType::Q4_0>(p, x, hs, T, nb, y, N, cols); break;
+    case DType::Q4_1: vecRowsOf<DType::Q4_1>(p, x, hs, T, nb, y, N, cols); break;
+    case DType::Q4_K: vecRowsOf<DType::Q4_K>(p, x, hs, T, nb, y, N, cols); break;
+    case DType::Q5_K: vecRowsOf<DType::Q5_K>(p, x, hs, T, nb, y, N, cols); break;
+    case DType::Q6_K: vecRowsOf<DType::Q6_K>(p, x, hs, T, nb, y, N, cols); break;
+    default: vecRowsOf<DType::Q8_0>(p, x, hs, T, nb, y, N, cols); break;
+  }
+}
+
+}  // namespace
+
+void matmulQuantPanels(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
+  const int nb = w.K / kQBlock;
+  static thread_local std::vector<int32_t> hs;
+  if (offsetOf(w.dtype) != 0) halfSums(x, T, nb, hs);
+  for (int n = n0; n < n1; n += kCols) {
+    Panel p = panelOf(w, n, n1);
+    const int cols = std::min(kCols, n1 - n);
+    for (int t = 0; t < T; t += kVecRows) {
+      const size_t at = static_cast<size_t>(t) * nb;
+      vecRowsFor(w.dtype, p, x + at, hs.data() + 2 * at, std::min(kVecRows, T - t), nb, y + static_cast<size_t>(t) * w.N + n, w.N, cols);
+      p.ahead = nullptr;  // the first pass asked for the panel ahead
+      p.aheadBytes = 0;
+    }
+  }
+}
+
+}  // namespace weft
+
+#pragma GCC pop_options
