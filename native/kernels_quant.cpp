@@ -214,13 +214,15 @@ void quantizeActivations(const float* x, int T, int K, QuantActBlock* out) {
       for (int i = 0; i < kQBlock; i++) amax = std::max(amax, std::fabs(v[i]));
       o.d = amax / 127.0f;
       const float id = o.d != 0.0f ? 1.0f / o.d : 0.0f;
-      int sum = 0;
+      int half[2] = {0, 0};
       for (int i = 0; i < kQBlock; i++) {
         const float q = std::nearbyint(v[i] * id);
         o.q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
-        sum += o.q[i];
+        half[i / (kQBlock / 2)] += o.q[i];
       }
-      o.s = o.d * static_cast<float>(sum);
+      o.half[0] = static_cast<int16_t>(half[0]);
+      o.half[1] = static_cast<int16_t>(half[1]);
+      o.s = o.d * static_cast<float>(half[0] + half[1]);
     }
 }
 

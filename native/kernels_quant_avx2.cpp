@@ -419,6 +419,13 @@ void panelRows(const Source& p, const QuantActBlock* x, int T, int nb, float* y,
 
 // quantizeActivations with 8-wide vectors: the same operations per element
 // (roundps to nearest even is nearbyint in the default rounding mode), so the same bits.
+// The sum of eight int32 lanes.
+inline int sum8(__m256i s) {
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+}
+
 void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
   const int nb = K / kQBlock;
   const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -440,10 +447,10 @@ void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
         const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         q32[i] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
       }
-      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q32[0], q32[1]), _mm256_add_epi32(q32[2], q32[3]));
-      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-      const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-      const int sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+      const int h0 = sum8(_mm256_add_epi32(q32[0], q32[1])), h1 = sum8(_mm256_add_epi32(q32[2], q32[3]));
+      o.half[0] = static_cast<int16_t>(h0);
+      o.half[1] = static_cast<int16_t>(h1);
+      const int sum = h0 + h1;
       // int32 → int16 → int8 packs interleave 128-bit lanes; the permute restores the order.
       const __m256i p16a = _mm256_packs_epi32(q32[0], q32[1]), p16b = _mm256_packs_epi32(q32[2], q32[3]);
       const __m256i p8 = _mm256_packs_epi16(p16a, p16b);

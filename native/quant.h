@@ -25,6 +25,7 @@ constexpr int kQBlock = 32;  // elements per activation block and per unpacked w
 struct QuantActBlock {
   float d;
   float s;
+  int16_t half[2];  // Σq of inputs 0–15 and of 16–31: the panel kernels' corrections for weights read with an offset
   int8_t q[kQBlock];
 };
 
