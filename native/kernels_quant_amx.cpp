@@ -13,7 +13,6 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cstring>
-#include <utility>
 #include <vector>
 #include "quant.h"
 #include "quant_panels.h"
