@@ -415,10 +415,6 @@ void panelRows(const Source& p, const QuantActBlock* x, int T, int nb, float* y,
   }
 }
 
-}  // namespace
-
-// quantizeActivations with 8-wide vectors: the same operations per element
-// (roundps to nearest even is nearbyint in the default rounding mode), so the same bits.
 // The sum of eight int32 lanes.
 inline int sum8(__m256i s) {
   const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
@@ -426,6 +422,10 @@ inline int sum8(__m256i s) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
 }
 
+}  // namespace
+
+// quantizeActivations with 8-wide vectors: the same operations per element
+// (roundps to nearest even is nearbyint in the default rounding mode), so the same bits.
 void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out) {
   const int nb = K / kQBlock;
   const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
