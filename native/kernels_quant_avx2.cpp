@@ -195,47 +195,36 @@ inline float hsum(__m256 acc) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-constexpr int kColsPerVec = 1, kTileRows = 2;
-using VF = __m256;
-using VI = __m256i;
-inline VI loadW(const int8_t* p) { return load32(p); }
-inline VF loadDv(const float* p) { return _mm256_loadu_ps(p); }
-inline VI loadX(const int8_t* q) { return load32(q); }
-inline VF set1(float v) { return _mm256_set1_ps(v); }
-inline VF zeroF() { return _mm256_setzero_ps(); }
-inline VI chainStart(VI) { return _mm256_setzero_si256(); }
-inline VI dot(VI, VI w, VI x) {
+// Rows per register tile: each keeps one accumulator per panel column in registers.
+constexpr int kTileRows = 2;
+// The 8 int32 lanes of 4 products each of one block of one column (see the file's header).
+inline __m256i dot(__m256i w, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
-inline VF cvt(VI p) { return _mm256_cvtepi32_ps(p); }
-inline VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
-inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
-inline __m256 half(VF v, int) { return v; }
-constexpr int kVecs = kQPanel / kColsPerVec;
 
-// Block b of the panel: vector v's weights (as the dot takes them) and lane scales.
+// Block b of the panel: column v's weights (as the dot takes them) and lane scales.
 struct PanelSource {
   static constexpr int kGroup = 1;
   const Panel& p;
-  void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
-    *w = loadW(p.q + 32 * (kQPanel * b + kColsPerVec * v));
-    *dv = loadDv(p.dv + 8 * (kQPanel * b + kColsPerVec * v));
+  void block(int b, std::integral_constant<int, 0>, int v, __m256i* w, __m256* dv) const {
+    *w = load32(p.q + 32 * (kQPanel * b + v));
+    *dv = _mm256_loadu_ps(p.dv + 8 * (kQPanel * b + v));
   }
   __m128 mins(int b, std::integral_constant<int, 0>) const { return _mm_loadu_ps(p.m + kQPanel * b); }
   void begin(int) const {}
   void prefetch(int, std::integral_constant<int, 0>) const {}  // unpackPanel asked for the rows ahead
 };
 
-// Q8_0 read in place (34-byte blocks: f16 scale, 32 int8), for steps of at most
-// one row tile, where a panel's unpacking would serve too few rows to pay off.
+// Q8_0 read in place (34-byte blocks: f16 scale, 32 int8), for steps of few rows
+// (inPlaceRows), where a panel's unpacking would serve too few rows to pay off.
 // The same values as unpackQ8_0 + unpackPanel give.
 struct Q8Source {
   static constexpr int kGroup = 1;
   const uint8_t* rows;  // the panel's first row
   size_t rowBytes;
   int cols;  // rows present (the rest read as row 0 and are not stored)
-  void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
-    const int i = kColsPerVec * v;
+  void block(int b, std::integral_constant<int, 0>, int v, __m256i* w, __m256* dv) const {
+    const int i = v;
     const uint8_t* a = rows + rowBytes * (i < cols ? i : 0) + 34 * static_cast<size_t>(b);
     *w = load32(a + 2);
     *dv = _mm256_set1_ps(f16At(a));
@@ -250,7 +239,7 @@ struct Q8Source {
   }
 };
 
-// Q4_0 or Q4_1 read in place, for steps of at most one row tile (as Q8Source): the values
+// Q4_0 or Q4_1 read in place, for steps of few rows (as Q8Source): the values
 // unpackQ4 + unpackPanel give, so the same bits.
 template <bool One>
 struct Q4Source {
@@ -260,8 +249,8 @@ struct Q4Source {
   size_t rowBytes;
   int cols;  // rows present (the rest read as row 0 and are not stored)
   const uint8_t* at(int c, int b) const { return rows + rowBytes * (c < cols ? c : 0) + kBytes * static_cast<size_t>(b); }
-  void block(int b, std::integral_constant<int, 0>, int v, VI* w, VF* dv) const {
-    const int i = kColsPerVec * v;
+  void block(int b, std::integral_constant<int, 0>, int v, __m256i* w, __m256* dv) const {
+    const int i = v;
     *w = q4Quants<One>(at(i, b));
     *dv = _mm256_set1_ps(f16At(at(i, b)));
   }
@@ -286,7 +275,7 @@ struct SuperBlock {
   alignas(16) float min[8][kQPanel];
 };
 
-// Q4_K, Q5_K or Q6_K read in place, for steps of at most one row tile (as Q8Source): block j of
+// Q4_K, Q5_K or Q6_K read in place, for steps of few rows (as Q8Source): block j of
 // a superblock takes its quants straight from the rows and its lane scales from the decoded
 // superblock, giving the values unpackQ4K/unpackQ5K/unpackQ6K + unpackPanel give, so the same bits.
 template <DType D>
@@ -326,13 +315,13 @@ struct KSource {
     constexpr int n = J / 4, k = J % 4;
     return q6kQuants<k>(load32(sb + 64 * n + 32 * (k % 2)), load32(sb + kQ6KHigh + 32 * n));
   }
-  // Block j's lane scales for vector v: per column, Q4_K's (Q5_K's) one scale in all 8 lanes, or Q6_K's
+  // Block j's lane scales for column v: Q4_K's (Q5_K's) one scale in all 8 lanes, or Q6_K's
   // two (lanes 0–3, 4–7); one permute picks them from the decoded floats.
   template <int J>
   static constexpr int scaleAt(int lane) { return kQ45 ? J : 2 * J + lane / 4; }
   template <int J>
-  void block(int, std::integral_constant<int, J>, int v, VI* w, VF* dv) const {
-    const int c = kColsPerVec * v;
+  void block(int, std::integral_constant<int, J>, int v, __m256i* w, __m256* dv) const {
+    const int c = v;
     *w = quants<J>(c);
     constexpr int base = scaleAt<J>(0) / 8 * 8;  // Q6_K's blocks 4–7 take scales 8–15
     const __m256i idx = _mm256_setr_epi32(scaleAt<J>(0) - base, scaleAt<J>(1) - base, scaleAt<J>(2) - base, scaleAt<J>(3) - base, scaleAt<J>(4) - base,
@@ -354,26 +343,25 @@ struct KSource {
 // Block b of the tile loop, block J of its group: its weights, then every row's dots
 // (the lane chains of quant.h, and the min chain, kept per column in one 4-float vector).
 template <int J, int R, bool Mins, typename Source>
-__attribute__((always_inline)) inline void tileBlock(const Source& p, const QuantActBlock* x, int nb, int b, VF (&acc)[R][kVecs], __m128 (&macc)[R]) {
+__attribute__((always_inline)) inline void tileBlock(const Source& p, const QuantActBlock* x, int nb, int b, __m256 (&acc)[R][kQPanel], __m128 (&macc)[R]) {
   const std::integral_constant<int, J> j;
-  VI w[kVecs];
-  VF dv[kVecs];
-  for (int v = 0; v < kVecs; v++) p.block(b, j, v, &w[v], &dv[v]);
+  __m256i w[kQPanel];
+  __m256 dv[kQPanel];
+  for (int v = 0; v < kQPanel; v++) p.block(b, j, v, &w[v], &dv[v]);
   p.prefetch(b, j);
   const __m128 m = Mins ? p.mins(b, j) : _mm_setzero_ps();
   for (int r = 0; r < R; r++) {
     const QuantActBlock& xb = x[static_cast<size_t>(r) * nb + b];
-    const VI xv = loadX(xb.q);
-    const VI start = Mins ? VI{} : chainStart(xv);  // the types with a min are unsigned
-    const VF xd = set1(xb.d);
-    for (int v = 0; v < kVecs; v++) acc[r][v] = fmadd(cvt(dot(start, w[v], xv)), mul(dv[v], xd), acc[r][v]);
+    const __m256i xv = load32(xb.q);
+    const __m256 xd = _mm256_set1_ps(xb.d);
+    for (int v = 0; v < kQPanel; v++) acc[r][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot(w[v], xv)), _mm256_mul_ps(dv[v], xd), acc[r][v]);
     if (Mins) macc[r] = _mm_fmadd_ps(m, _mm_set1_ps(xb.s), macc[r]);
   }
 }
 
 // Blocks J, J + 1, ... of the group starting at b0, each with its index known when compiled.
 template <int J, int R, bool Mins, typename Source>
-__attribute__((always_inline)) inline void tileGroup(const Source& p, const QuantActBlock* x, int nb, int b0, VF (&acc)[R][kVecs], __m128 (&macc)[R]) {
+__attribute__((always_inline)) inline void tileGroup(const Source& p, const QuantActBlock* x, int nb, int b0, __m256 (&acc)[R][kQPanel], __m128 (&macc)[R]) {
   if constexpr (J < Source::kGroup) {
     tileBlock<J, R, Mins>(p, x, nb, b0 + J, acc, macc);
     tileGroup<J + 1, R, Mins>(p, x, nb, b0, acc, macc);
@@ -385,10 +373,10 @@ __attribute__((always_inline)) inline void tileGroup(const Source& p, const Quan
 // then its tree, plus the min chain.
 template <int R, bool Mins, typename Source>
 void tile(const Source& p, const QuantActBlock* x, int nb, float* y, int N, int cols) {
-  VF acc[R][kVecs];
+  __m256 acc[R][kQPanel];
   __m128 macc[R];
   for (int r = 0; r < R; r++) {
-    for (int v = 0; v < kVecs; v++) acc[r][v] = zeroF();
+    for (int v = 0; v < kQPanel; v++) acc[r][v] = _mm256_setzero_ps();
     macc[r] = _mm_setzero_ps();
   }
   for (int b0 = 0; b0 < nb; b0 += Source::kGroup) {
@@ -398,7 +386,7 @@ void tile(const Source& p, const QuantActBlock* x, int nb, float* y, int N, int 
   for (int r = 0; r < R; r++) {
     float mins[kQPanel];
     _mm_storeu_ps(mins, macc[r]);
-    for (int c = 0; c < cols; c++) y[static_cast<size_t>(r) * N + c] = hsum(half(acc[r][c / kColsPerVec], c % kColsPerVec)) + mins[c];
+    for (int c = 0; c < cols; c++) y[static_cast<size_t>(r) * N + c] = hsum(acc[r][c]) + mins[c];
   }
 }
 

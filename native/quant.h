@@ -6,8 +6,8 @@
 // 32-element block to int8 with one fp32 scale (as llama.cpp's q8_0/q8_1 do).
 // Weight rows are unpacked into L1 to int8 values in 32-element blocks with
 // eight fp32 lane scales and a "min" coefficient; every row of the step is then
-// dotted against the unpacked rows (steps of one row tile read every type in place
-// instead, to the same values): the AVX2 and scalar sets, bit-identical. The AVX-512
+// dotted against the unpacked rows (steps of up to 4 rows, 8 for Q8_0, read every type
+// in place instead, to the same values): the AVX2 and scalar sets, bit-identical. The AVX-512
 // sets with VNNI (and the amx set) read the matrices in VNNI panels instead, in
 // their own order (matmulQuantPanels).
 #pragma once
