@@ -131,12 +131,25 @@ PackedMatrix PackedStore::packPairTiles(const Tensor& t) {
   return p;
 }
 
+// Matrices are carved from 2 MiB-aligned chunks of at least kChunkBytes: a mapping of its own per
+// matrix shares its first and last 2 MiB with its neighbours, which the kernel then backs with
+// 4 KiB pages, and the streamed weights of qwen3-0.6b were half on small pages.
 void* PackedStore::reserve(size_t bytes) {
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) throw std::runtime_error("out of memory packing a weight matrix");
-  madvise(mem, bytes, MADV_HUGEPAGE);  // fewer TLB misses while streaming; zero-filled
-  regions_.push_back({mem, bytes});
-  return mem;
+  constexpr size_t kHuge = size_t{2} << 20, kChunkBytes = size_t{64} << 20, kAlign = 4096;
+  if (regions_.empty() || regions_.back().size - used_ < bytes) {
+    const size_t size = std::max(kChunkBytes, (bytes + kHuge - 1) / kHuge * kHuge);
+    auto* raw = static_cast<char*>(mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (raw == MAP_FAILED) throw std::runtime_error("out of memory packing a weight matrix");
+    char* mem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
+    if (mem > raw) munmap(raw, mem - raw);  // the unaligned head and tail go back
+    if (raw + kHuge > mem) munmap(mem + size, raw + kHuge - mem);
+    madvise(mem, size, MADV_HUGEPAGE);  // fewer TLB misses while streaming; zero-filled
+    regions_.push_back({mem, size});
+    used_ = 0;
+  }
+  void* at = static_cast<char*>(regions_.back().addr) + used_;
+  used_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  return at;
 }
 
 namespace {

@@ -59,7 +59,8 @@ class PackedStore {
 
  private:
   struct Region { void* addr; size_t size; };
-  std::vector<Region> regions_;
+  std::vector<Region> regions_;  // chunks, each 2 MiB-aligned
+  size_t used_ = 0;               // bytes handed out of the last chunk
   void* reserve(size_t bytes);
 };
 
