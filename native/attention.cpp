@@ -95,8 +95,10 @@ void attend(const Kernels& k, const AttentionArgs& a) {
           for (int j = 0; j < ctx[i]; j++) sc[i][j] *= inv;
         }
         if (vrows.size() < static_cast<size_t>(maxCtx)) vrows.resize(maxCtx);
-        for (int j = 0; j < maxCtx; j++)
-          vrows[j] = headBlock(vCache, j / bs) + static_cast<size_t>(j % bs) * a.hd;
+        for (int j0 = 0; j0 < maxCtx; j0 += bs) {  // block by block: no division per key
+          const E* v = headBlock(vCache, j0 / bs);
+          for (int j = j0; j < std::min(maxCtx, j0 + bs); j++, v += a.hd) vrows[j] = v;
+        }
         for (int i = 0; i < nq; i += 3) {  // values: three queries share each loaded V row
           const int m = std::min(3, nq - i);
           const float* ps[3];
