@@ -62,14 +62,29 @@ void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedM
 }
 
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
+  matmulQuantizedShared(k, x, T, {{&w, y}});
+}
+
+void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::vector<QuantProduct>& products) {
   static thread_local std::vector<QuantActBlock> acts;  // grown to the largest step, per calling thread
-  const size_t blocks = static_cast<size_t>(T) * (w.K / kQBlock);
+  const int K = products.front().w->K;
+  const size_t blocks = static_cast<size_t>(T) * (K / kQBlock);
   if (acts.size() < blocks) acts.resize(blocks);
-  if (k.matmulQuant == matmulQuantScalar) quantizeActivations(x, T, w.K, acts.data());  // the reference, also here
-  else quantizeActivationsAvx2(x, T, w.K, acts.data());
+  if (k.matmulQuant == matmulQuantScalar) quantizeActivations(x, T, K, acts.data());  // the reference, also here
+  else quantizeActivationsAvx2(x, T, K, acts.data());
   const QuantActBlock* xq = acts.data();  // the workers' own `acts` are other objects
-  perThreadRuns((w.N + kQuantSplitCols - 1) / kQuantSplitCols,
-                [&](int g0, int g1) { k.matmulQuant(xq, T, w, y, g0 * kQuantSplitCols, std::min(w.N, g1 * kQuantSplitCols)); });
+  const auto unitsOf = [](const PackedMatrix& w) { return (w.N + kQuantSplitCols - 1) / kQuantSplitCols; };
+  int units = 0;
+  for (const QuantProduct& p : products) units += unitsOf(*p.w);
+  // A thread's run of units may span matrices: each matrix gets the part of the run that falls in it.
+  perThreadRuns(units, [&](int u0, int u1) {
+    int first = 0;
+    for (const QuantProduct& p : products) {
+      const int n = unitsOf(*p.w), a = std::max(u0, first), b = std::min(u1, first + n);
+      if (a < b) k.matmulQuant(xq, T, *p.w, p.y, (a - first) * kQuantSplitCols, std::min(p.w->N, (b - first) * kQuantSplitCols));
+      first += n;
+    }
+  });
 }
 
 void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {

@@ -93,8 +93,22 @@ void Model::linear(const float* x, int T, const PackedMatrix& w, const std::vect
 
 void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T) {
   const PackedMatrix& first = *outs.begin()->w;
-  bool quantized = false;  // each quantized matrix quantizes its own input rows (MLX: reads them as they are)
-  for (const Projection& p : outs) quantized = quantized || isMlx(p.w->dtype) || isQuantized(p.w->dtype);
+  bool quantized = false, allBlocks = true;  // MLX matrices read the fp32 rows as they are
+  for (const Projection& p : outs) {
+    quantized = quantized || isMlx(p.w->dtype) || isQuantized(p.w->dtype);
+    allBlocks = allBlocks && !isMlx(p.w->dtype) && isQuantized(p.w->dtype);
+  }
+  if (allBlocks) {  // block-quantized (whatever the mix of types): the rows quantized once for all
+    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
+    std::vector<QuantProduct> products;
+    for (const Projection& p : outs) products.push_back({p.w, p.y});
+    {
+      Timer t(profile_.matmul);
+      matmulQuantizedShared(k_, xn_.data(), T, products);
+    }
+    for (const Projection& p : outs) addBias(p.y, T, *p.bias);
+    return;
+  }
   if (quantized) {
     rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
     for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);

@@ -88,5 +88,12 @@ constexpr int kQuantSplitCols = 16;
 // y[T, w.N] = x[T, w.K] · wᵀ for a block-quantized w: the rows of x quantized
 // per block, then the columns split across threads (defined in matmul.cpp).
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y);
+// The same for block-quantized matrices that share their input x (q/k/v, gate/up; all of one K):
+// the rows quantized once, and all the matrices' columns split across the threads in one run.
+struct QuantProduct {
+  const PackedMatrix* w;
+  float* y;
+};
+void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::vector<QuantProduct>& products);
 
 }  // namespace weft
