@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     else matmulQuantized(k, x.data(), T, w, y.data());
   };
   for (const PackedMatrix& w : ws) call(w);  // warm: pages touched, scratch grown, tiles requested
-  const int calls = std::max(20, copies);
+  const int calls = std::max(getenv("CALLS") ? atoi(getenv("CALLS")) : 20, copies);
   printf("set %s, %s, %d rows x K %d x N %d, %d %s\n", k.name, type, T, K, N, copies, copies == 1 ? "matrix" : "matrices");
   for (int rep = 0; rep < 3; rep++) {
     const auto t0 = std::chrono::steady_clock::now();

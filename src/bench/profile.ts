@@ -82,9 +82,11 @@ export async function profileSteps(o: ProfileOptions): Promise<ProfileReport> {
   };
   const ids = (n: number, seed: number): number[] => Array.from({ length: n }, (_, i) => (seed * 7919 + i * 104729) % 100000 + 100);
   // Write every decoding sequence's context first: blocks never written map the kernel's shared zero
-  // page, whose reads hit in cache and would hide the KV cache's memory traffic.
+  // page, whose reads hit in cache and would hide the KV cache's memory traffic. The positions the
+  // decode steps will write are written too (each step overwrites its own before reading it), so that
+  // the steps do not pay the pool's first touch (the kernel zeroing 2 MiB pages), once per pool in serving.
   for (let b = 0; b < maxB && o.context > 0; b++) {
-    await runner.execute([{ tokenIds: ids(o.context, b), startPosition: 0, blockTable: table_(b), sample: null }]);
+    await runner.execute([{ tokenIds: ids(o.context + o.steps + 1, b), startPosition: 0, blockTable: table_(b), sample: null }]);
   }
   for (const B of o.batch) {
     // Decode: B sequences, each with `context` tokens already cached.
