@@ -8,7 +8,8 @@
 // addon or the tests. Build after the addon (it links the addon's own objects):
 //   O=build/Release/obj.target/weft_native/native
 //   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o
-// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply)
+// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply;
+//   CALLS sets the calls per timing, 20 or COPIES by default: more for `perf record`)
 #include <sys/mman.h>
 #include <chrono>
 #include <cstdio>
