@@ -1,5 +1,6 @@
 #include <omp.h>
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include "ops.h"
 #include "mlx_quant.h"
@@ -73,18 +74,28 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
   if (k.matmulQuant == matmulQuantScalar) quantizeActivations(x, T, K, acts.data());  // the reference, also here
   else quantizeActivationsAvx2(x, T, K, acts.data());
   const QuantActBlock* xq = acts.data();  // the workers' own `acts` are other objects
-  const auto unitsOf = [](const PackedMatrix& w) { return (w.N + kQuantSplitCols - 1) / kQuantSplitCols; };
-  int units = 0;
-  for (const QuantProduct& p : products) units += unitsOf(*p.w);
-  // A thread's run of units may span matrices: each matrix gets the part of the run that falls in it.
-  perThreadRuns(units, [&](int u0, int u1) {
-    int first = 0;
+  // The units (kQuantSplitCols columns) of all the matrices in a row, split across the threads
+  // by their bytes, not their count: Q4_K_M's q/k (Q4_K) and v (Q6_K) differ by half per column,
+  // and an even count left one thread a third more to read at one row. Unit u of a matrix goes
+  // to the thread whose share of the bytes holds the unit's first byte.
+  const auto unitsOf = [](const PackedMatrix& w) { return static_cast<uint64_t>((w.N + kQuantSplitCols - 1) / kQuantSplitCols); };
+  const auto bytesOf = [](const PackedMatrix& w) { return static_cast<uint64_t>(tensorBytes(w.dtype, kQuantSplitCols, w.K)); };
+  uint64_t total = 0;
+  for (const QuantProduct& p : products) total += unitsOf(*p.w) * bytesOf(*p.w);
+#pragma omp parallel
+  {
+    const uint64_t nt = static_cast<uint64_t>(omp_get_num_threads()), id = static_cast<uint64_t>(omp_get_thread_num());
+    const uint64_t lo = total * id / nt, hi = total * (id + 1) / nt;
+    uint64_t first = 0;  // the matrix's first byte in the row
     for (const QuantProduct& p : products) {
-      const int n = unitsOf(*p.w), a = std::max(u0, first), b = std::min(u1, first + n);
-      if (a < b) k.matmulQuant(xq, T, *p.w, p.y, (a - first) * kQuantSplitCols, std::min(p.w->N, (b - first) * kQuantSplitCols));
-      first += n;
+      const uint64_t n = unitsOf(*p.w), c = bytesOf(*p.w);
+      const auto unitAt = [&](uint64_t at) { return at <= first ? 0 : std::min(n, (at - first + c - 1) / c); };
+      const uint64_t a = unitAt(lo), b = unitAt(hi);
+      if (a < b)
+        k.matmulQuant(xq, T, *p.w, p.y, static_cast<int>(a) * kQuantSplitCols, std::min(p.w->N, static_cast<int>(b) * kQuantSplitCols));
+      first += n * c;
     }
-  });
+  }
 }
 
 void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
