@@ -75,9 +75,9 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
   else quantizeActivationsAvx2(x, T, K, acts.data());
   const QuantActBlock* xq = acts.data();  // the workers' own `acts` are other objects
   // The units (kQuantSplitCols columns) of all the matrices in a row, split across the threads
-  // by their bytes, not their count: Q4_K_M's q/k (Q4_K) and v (Q6_K) differ by half per column,
-  // and an even count left one thread a third more to read at one row. Unit u of a matrix goes
-  // to the thread whose share of the bytes holds the unit's first byte.
+  // by their bytes, not their count: where Q4_K_M's v is Q6_K (half as many bytes again per column
+  // as q/k's Q4_K), an even count left one thread about a quarter more to read. Unit u of a matrix
+  // goes to the thread whose share of the bytes holds the unit's first byte.
   const auto unitsOf = [](const PackedMatrix& w) { return static_cast<uint64_t>((w.N + kQuantSplitCols - 1) / kQuantSplitCols); };
   const auto bytesOf = [](const PackedMatrix& w) { return static_cast<uint64_t>(tensorBytes(w.dtype, kQuantSplitCols, w.K)); };
   uint64_t total = 0;
