@@ -223,9 +223,8 @@ struct Q8Source {
   const uint8_t* rows;  // the panel's first row
   size_t rowBytes;
   int cols;  // rows present (the rest read as row 0 and are not stored)
-  void block(int b, std::integral_constant<int, 0>, int v, __m256i* w, __m256* dv) const {
-    const int i = v;
-    const uint8_t* a = rows + rowBytes * (i < cols ? i : 0) + 34 * static_cast<size_t>(b);
+  void block(int b, std::integral_constant<int, 0>, int c, __m256i* w, __m256* dv) const {
+    const uint8_t* a = rows + rowBytes * (c < cols ? c : 0) + 34 * static_cast<size_t>(b);
     *w = load32(a + 2);
     *dv = _mm256_set1_ps(f16At(a));
   }
@@ -249,10 +248,9 @@ struct Q4Source {
   size_t rowBytes;
   int cols;  // rows present (the rest read as row 0 and are not stored)
   const uint8_t* at(int c, int b) const { return rows + rowBytes * (c < cols ? c : 0) + kBytes * static_cast<size_t>(b); }
-  void block(int b, std::integral_constant<int, 0>, int v, __m256i* w, __m256* dv) const {
-    const int i = v;
-    *w = q4Quants<One>(at(i, b));
-    *dv = _mm256_set1_ps(f16At(at(i, b)));
+  void block(int b, std::integral_constant<int, 0>, int c, __m256i* w, __m256* dv) const {
+    *w = q4Quants<One>(at(c, b));
+    *dv = _mm256_set1_ps(f16At(at(c, b)));
   }
   __m128 mins(int b, std::integral_constant<int, 0>) const {
     if (!One) return _mm_setzero_ps();
@@ -315,13 +313,12 @@ struct KSource {
     constexpr int n = J / 4, k = J % 4;
     return q6kQuants<k>(load32(sb + 64 * n + 32 * (k % 2)), load32(sb + kQ6KHigh + 32 * n));
   }
-  // Block j's lane scales for column v: Q4_K's (Q5_K's) one scale in all 8 lanes, or Q6_K's
+  // Block j's lane scales for column c: Q4_K's (Q5_K's) one scale in all 8 lanes, or Q6_K's
   // two (lanes 0–3, 4–7); one permute picks them from the decoded floats.
   template <int J>
   static constexpr int scaleAt(int lane) { return kQ45 ? J : 2 * J + lane / 4; }
   template <int J>
-  void block(int, std::integral_constant<int, J>, int v, __m256i* w, __m256* dv) const {
-    const int c = v;
+  void block(int, std::integral_constant<int, J>, int c, __m256i* w, __m256* dv) const {
     *w = quants<J>(c);
     constexpr int base = scaleAt<J>(0) / 8 * 8;  // Q6_K's blocks 4–7 take scales 8–15
     const __m256i idx = _mm256_setr_epi32(scaleAt<J>(0) - base, scaleAt<J>(1) - base, scaleAt<J>(2) - base, scaleAt<J>(3) - base, scaleAt<J>(4) - base,
