@@ -33,13 +33,16 @@ template <DType D>
 constexpr int kGroupBytesOf = groupBytesOf(D);
 
 // Two sets of tiles, so that one group's products run while the other's are scaled:
-// A 0/1 (toks × a group's bytes), B 2/3 (bytes/4 VNNI rows), C 4/5 (toks × 16 int32).
+// A 0/1 (toks × a group's bytes), B 2/3 (bytes/4 VNNI rows), C 4/5 (toks × 16 int32). Row tiles
+// taken in pairs (panelRowPair) use A 0/1 for the pair's two row tiles, B 2 and C 4-7 (two sets
+// of a C per row tile), so from 17 rows on, every tile is configured with 16 rows.
 TileConfig configFor(int toks, int groupBytes) {
   TileConfig c;
   for (int i = 0; i < 2; i++) {
     c.set(i, toks, groupBytes);
     c.set(2 + i, groupBytes / 4, kVnniRow);
     c.set(4 + i, toks, 4 * kCols);
+    c.set(6 + i, toks, 4 * kCols);
   }
   return c;
 }
@@ -158,6 +161,37 @@ __attribute__((always_inline)) inline void addMins(const ActTiles& xt, int tt, c
   }
 }
 
+// A group's sums (c: a row of 16 per activation row) into the rows' accumulators:
+// acc += float(sum) · (scale · d), the lane kernel's operations.
+__attribute__((always_inline)) inline void scaleGroup(const int32_t* c, __m512 scale, const float* d, __m512 (&acc)[kToks]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < kToks; t++)
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + kCols * t)), _mm512_mul_ps(scale, _mm512_set1_ps(d[t])), acc[t]);
+}
+
+// The min terms added, then the first `rows` rows written to y.
+__attribute__((always_inline)) inline void finishRows(const ActTiles& xt, int tt, int rows, const float* mins, __m512 (&acc)[kToks], float* y,
+                                                      int N, int cols) {
+  if (mins) addMins(xt, tt, mins, acc);
+  const __mmask16 written = static_cast<__mmask16>((1u << cols) - 1);
+  // Constant indices only: one acc[t] with a run-time t would keep all sixteen in memory, and every
+  // group's FMAs would then load and store them (in-cache Q8_0 at 16 rows: 15.3 → 13.3 ns a unit).
+#pragma GCC unroll 16
+  for (int t = 0; t < kToks; t++)
+    if (t < rows) _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, acc[t]);
+}
+
+// Both row tiles' products of a group with one B tile (in tile 2), into C tiles C0 and C1.
+#define WEFT_PAIR_PRODUCT(DP, C0, C1, a0, a1) \
+  do {                                         \
+    _tile_zero(C0);                            \
+    _tile_zero(C1);                            \
+    _tile_loadd(0, a0, kQBlock);               \
+    DP(C0, 0, 2);                              \
+    _tile_loadd(1, a1, kQBlock);               \
+    DP(C1, 1, 2);                              \
+  } while (0)
+
 // Up to kToks activation rows × one panel: C holds a row of the panel's 16 sums per activation
 // row, and each row's accumulator is a vector over the columns. `mins` (per block × 16 columns)
 // or null.
@@ -189,29 +223,87 @@ void panelRows(const S& p, const ActTiles& xt, int tt, int rows, const float* mi
       else _tile_stored(5, c, 4 * kCols);
     }
     const int s = g - 1 - kLag;  // the group scaled now
+    if (s >= 0) scaleGroup(sums + (s % kSumBufs) * kToks * kCols, p.scales(s), xt.rowD(tt, s / kPerBlock), acc);
+  }
+  finishRows(xt, tt, rows, mins, acc, y, N, cols);
+}
+
+// Two row tiles (tt, tt + 1) × one panel: each group's B tile is loaded once for both products,
+// and the two products are independent, so the tile unit has more in flight than in two
+// panelRows passes (in-cache Q8_0 at 32 rows, one thread: see tileRows). The second tile's
+// accumulators live in L1 (32 in registers would leave none for the rest); every output still
+// gets panelRows' operations in its order, so the same bits.
+template <class S>
+void panelRowPair(const S& p, const ActTiles& xt, int tt, int rows1, const float* mins, float* y, int N, int cols) {
+  constexpr int kPerBlock = kQBlock / S::kGroupBytes;
+  alignas(64) int32_t sums[kSumBufs][2][kToks * kCols];
+  alignas(64) float acc1[kToks * kCols];
+  __m512 acc[kToks];
+#pragma GCC unroll 16
+  for (int t = 0; t < kToks; t++) {
+    acc[t] = _mm512_setzero_ps();
+    _mm512_store_ps(acc1 + kCols * t, _mm512_setzero_ps());
+  }
+  const int groups = xt.nb * kPerBlock;
+  Ahead ahead = tt == 0 ? p.ahead(groups) : Ahead();
+  for (int g = 0; g <= groups + kLag; g++) {
+    if (g < groups) {  // group g's two products, in C set g % 2 (4/5 or 6/7)
+      ahead.next();
+      const int at = (g % kPerBlock) * S::kGroupBytes;
+      const int8_t* a0 = xt.tile(tt, g / kPerBlock) + at;
+      const int8_t* a1 = xt.tile(tt + 1, g / kPerBlock) + at;
+      _tile_loadd(2, p.b(g), kVnniRow);
+      if constexpr (S::kUnsigned) {
+        if (g % 2 == 0) WEFT_PAIR_PRODUCT(_tile_dpbsud, 4, 5, a0, a1);
+        else WEFT_PAIR_PRODUCT(_tile_dpbsud, 6, 7, a0, a1);
+      } else {
+        if (g % 2 == 0) WEFT_PAIR_PRODUCT(_tile_dpbssd, 4, 5, a0, a1);
+        else WEFT_PAIR_PRODUCT(_tile_dpbssd, 6, 7, a0, a1);
+      }
+    }
+    if (g >= 1 && g <= groups) {  // group g − 1's sums, stored
+      int32_t* c0 = sums[(g - 1) % kSumBufs][0];
+      int32_t* c1 = sums[(g - 1) % kSumBufs][1];
+      if ((g - 1) % 2 == 0) {
+        _tile_stored(4, c0, 4 * kCols);
+        _tile_stored(5, c1, 4 * kCols);
+      } else {
+        _tile_stored(6, c0, 4 * kCols);
+        _tile_stored(7, c1, 4 * kCols);
+      }
+    }
+    const int s = g - 1 - kLag;
     if (s < 0) continue;
-    const int32_t* c = sums + (s % kSumBufs) * kToks * kCols;
     const __m512 scale = p.scales(s);
-    const float* d = xt.rowD(tt, s / kPerBlock);
+    scaleGroup(sums[s % kSumBufs][0], scale, xt.rowD(tt, s / kPerBlock), acc);
+    const int32_t* c1 = sums[s % kSumBufs][1];
+    const float* d1 = xt.rowD(tt + 1, s / kPerBlock);
 #pragma GCC unroll 16
     for (int t = 0; t < kToks; t++)
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + kCols * t)), _mm512_mul_ps(scale, _mm512_set1_ps(d[t])), acc[t]);
+      _mm512_store_ps(acc1 + kCols * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c1 + kCols * t)),
+                                                        _mm512_mul_ps(scale, _mm512_set1_ps(d1[t])), _mm512_load_ps(acc1 + kCols * t)));
   }
-  if (mins) addMins(xt, tt, mins, acc);
-  const __mmask16 written = static_cast<__mmask16>((1u << cols) - 1);
-  // Constant indices only: one acc[t] with a run-time t would keep all sixteen in memory, and every
-  // group's FMAs would then load and store them (in-cache Q8_0 at 16 rows: 15.3 → 13.3 ns a unit).
+  finishRows(xt, tt, kToks, mins, acc, y, N, cols);
 #pragma GCC unroll 16
-  for (int t = 0; t < kToks; t++)
-    if (t < rows) _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, acc[t]);
+  for (int t = 0; t < kToks; t++) acc[t] = _mm512_load_ps(acc1 + kCols * t);
+  finishRows(xt, tt + 1, rows1, mins, acc, y + static_cast<size_t>(kToks) * N, N, cols);
 }
 
 // Every token tile of the step against one panel.
 void tileRows(DType d, const Panel& p, const ActTiles& xt, int T, float* y, int N, int cols) {
   static thread_local KPanel k;
   const auto each = [&](const auto& src, const float* mins) {
-    for (int tt = 0; tt * kToks < T; tt++)
-      panelRows(src, xt, tt, std::min(kToks, T - tt * kToks), mins, y + static_cast<size_t>(tt) * kToks * N, N, cols);
+    for (int tt = 0; tt * kToks < T;) {
+      float* yt = y + static_cast<size_t>(tt) * kToks * N;
+      const int rows = T - tt * kToks;
+      if (rows > kToks) {
+        panelRowPair(src, xt, tt, std::min(kToks, rows - kToks), mins, yt, N, cols);
+        tt += 2;
+      } else {
+        panelRows(src, xt, tt, rows, mins, yt, N, cols);
+        tt++;
+      }
+    }
   };
   switch (d) {
     case DType::Q4_0:
