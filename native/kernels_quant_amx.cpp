@@ -230,7 +230,8 @@ void panelRows(const S& p, const ActTiles& xt, int tt, int rows, const float* mi
 
 // Two row tiles (tt, tt + 1) × one panel: each group's B tile is loaded once for both products,
 // and the two products are independent, so the tile unit has more in flight than in two
-// panelRows passes (in-cache Q8_0 at 32 rows, one thread: see tileRows). The second tile's
+// panelRows passes (matmul-timing, Q8_0 1024 × 3072 streamed at 32 rows: 0.25 → 0.21 ms; Q4_K,
+// bound by its unpacking, unchanged). The second tile's
 // accumulators live in L1 (32 in registers would leave none for the rest); every output still
 // gets panelRows' operations in its order, so the same bits.
 template <class S>
