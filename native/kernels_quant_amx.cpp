@@ -181,15 +181,16 @@ __attribute__((always_inline)) inline void finishRows(const ActTiles& xt, int tt
     if (t < rows) _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, acc[t]);
 }
 
-// Both row tiles' products of a group with one B tile (in tile 2), into C tiles C0 and C1.
-#define WEFT_PAIR_PRODUCT(DP, C0, C1, a0, a1) \
-  do {                                         \
-    _tile_zero(C0);                            \
-    _tile_zero(C1);                            \
-    _tile_loadd(0, a0, kQBlock);               \
-    DP(C0, 0, 2);                              \
-    _tile_loadd(1, a1, kQBlock);               \
-    DP(C1, 1, 2);                              \
+// Both row tiles' products of a group with one B tile, into C tiles C0 and C1.
+#define WEFT_PAIR_PRODUCT(DP, B, C0, C1, a0, a1, b) \
+  do {                                               \
+    _tile_loadd(B, b, kVnniRow);                     \
+    _tile_zero(C0);                                  \
+    _tile_zero(C1);                                  \
+    _tile_loadd(0, a0, kQBlock);                     \
+    DP(C0, 0, B);                                    \
+    _tile_loadd(1, a1, kQBlock);                     \
+    DP(C1, 1, B);                                    \
   } while (0)
 
 // Up to kToks activation rows × one panel: C holds a row of the panel's 16 sums per activation
@@ -253,13 +254,13 @@ void panelRowPair(const S& p, const ActTiles& xt, int tt, int rows1, const float
       const int at = (g % kPerBlock) * S::kGroupBytes;
       const int8_t* a0 = xt.tile(tt, g / kPerBlock) + at;
       const int8_t* a1 = xt.tile(tt + 1, g / kPerBlock) + at;
-      _tile_loadd(2, p.b(g), kVnniRow);
+      const auto* b = p.b(g);
       if constexpr (S::kUnsigned) {
-        if (g % 2 == 0) WEFT_PAIR_PRODUCT(_tile_dpbsud, 4, 5, a0, a1);
-        else WEFT_PAIR_PRODUCT(_tile_dpbsud, 6, 7, a0, a1);
+        if (g % 2 == 0) WEFT_PAIR_PRODUCT(_tile_dpbsud, 2, 4, 5, a0, a1, b);
+        else WEFT_PAIR_PRODUCT(_tile_dpbsud, 3, 6, 7, a0, a1, b);
       } else {
-        if (g % 2 == 0) WEFT_PAIR_PRODUCT(_tile_dpbssd, 4, 5, a0, a1);
-        else WEFT_PAIR_PRODUCT(_tile_dpbssd, 6, 7, a0, a1);
+        if (g % 2 == 0) WEFT_PAIR_PRODUCT(_tile_dpbssd, 2, 4, 5, a0, a1, b);
+        else WEFT_PAIR_PRODUCT(_tile_dpbssd, 3, 6, 7, a0, a1, b);
       }
     }
     if (g >= 1 && g <= groups) {  // group g − 1's sums, stored
