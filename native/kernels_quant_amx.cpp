@@ -181,6 +181,18 @@ __attribute__((always_inline)) inline void finishRows(const ActTiles& xt, int tt
     if (t < rows) _mm512_mask_storeu_ps(y + static_cast<size_t>(t) * N, written, acc[t]);
 }
 
+// One A tile's products with two panels' B tiles (2 and 3), into C tiles C0 and C1 (signed: Q8_0).
+#define WEFT_COL_PAIR_PRODUCT(A, C0, C1, a, b0, b1) \
+  do {                                               \
+    _tile_loadd(A, a, kQBlock);                      \
+    _tile_loadd(2, b0, kVnniRow);                    \
+    _tile_zero(C0);                                  \
+    _tile_dpbssd(C0, A, 2);                          \
+    _tile_loadd(3, b1, kVnniRow);                    \
+    _tile_zero(C1);                                  \
+    _tile_dpbssd(C1, A, 3);                          \
+  } while (0)
+
 // Both row tiles' products of a group with one B tile, into C tiles C0 and C1.
 #define WEFT_PAIR_PRODUCT(DP, B, C0, C1, a0, a1, b) \
   do {                                               \
@@ -291,6 +303,59 @@ void panelRowPair(const S& p, const ActTiles& xt, int tt, int rows1, const float
   finishRows(xt, tt + 1, rows1, mins, acc, y + static_cast<size_t>(kToks) * N, N, cols);
 }
 
+// Up to kToks rows × two panels (columns n and n + 16): the pair's products share each group's
+// A tile and are independent, as in panelRowPair (bench profile, Q8_0, B=16 at context 192, three
+// alternating runs: 55.3 / 59.4 / 55.1 → 52.5 / 55.6 / 53.1 ms a step). The second panel's
+// accumulators live in L1; every output gets panelRows' operations in its order, so the same bits.
+template <class S>
+void panelColPair(const S& p0, const S& p1, const ActTiles& xt, int rows, float* y, int N, int cols1) {
+  constexpr int kPerBlock = kQBlock / S::kGroupBytes;
+  alignas(64) int32_t sums[kSumBufs][2][kToks * kCols];
+  alignas(64) float acc1[kToks * kCols];
+  __m512 acc[kToks];
+#pragma GCC unroll 16
+  for (int t = 0; t < kToks; t++) {
+    acc[t] = _mm512_setzero_ps();
+    _mm512_store_ps(acc1 + kCols * t, _mm512_setzero_ps());
+  }
+  const int groups = xt.nb * kPerBlock;
+  Ahead ahead0 = p0.ahead(groups), ahead1 = p1.ahead(groups);
+  for (int g = 0; g <= groups + kLag; g++) {
+    if (g < groups) {  // group g's two products: A in tile g % 2, B 2 and 3, C set g % 2 (4/5 or 6/7)
+      ahead0.next();
+      ahead1.next();
+      const int8_t* a = xt.tile(0, g / kPerBlock) + (g % kPerBlock) * S::kGroupBytes;
+      if (g % 2 == 0) WEFT_COL_PAIR_PRODUCT(0, 4, 5, a, p0.b(g), p1.b(g));
+      else WEFT_COL_PAIR_PRODUCT(1, 6, 7, a, p0.b(g), p1.b(g));
+    }
+    if (g >= 1 && g <= groups) {  // group g − 1's sums, stored
+      int32_t* c0 = sums[(g - 1) % kSumBufs][0];
+      int32_t* c1 = sums[(g - 1) % kSumBufs][1];
+      if ((g - 1) % 2 == 0) {
+        _tile_stored(4, c0, 4 * kCols);
+        _tile_stored(5, c1, 4 * kCols);
+      } else {
+        _tile_stored(6, c0, 4 * kCols);
+        _tile_stored(7, c1, 4 * kCols);
+      }
+    }
+    const int s = g - 1 - kLag;
+    if (s < 0) continue;
+    const float* d = xt.rowD(0, s / kPerBlock);
+    scaleGroup(sums[s % kSumBufs][0], p0.scales(s), d, acc);
+    const int32_t* c1 = sums[s % kSumBufs][1];
+    const __m512 scale1 = p1.scales(s);
+#pragma GCC unroll 16
+    for (int t = 0; t < kToks; t++)
+      _mm512_store_ps(acc1 + kCols * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c1 + kCols * t)),
+                                                        _mm512_mul_ps(scale1, _mm512_set1_ps(d[t])), _mm512_load_ps(acc1 + kCols * t)));
+  }
+  finishRows(xt, 0, rows, nullptr, acc, y, N, kCols);
+#pragma GCC unroll 16
+  for (int t = 0; t < kToks; t++) acc[t] = _mm512_load_ps(acc1 + kCols * t);
+  finishRows(xt, 0, rows, nullptr, acc, y + kCols, N, cols1);
+}
+
 // Every token tile of the step against one panel.
 void tileRows(DType d, const Panel& p, const ActTiles& xt, int T, float* y, int N, int cols) {
   static thread_local KPanel k;
@@ -348,7 +413,13 @@ void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float*
   asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
   TileScope tiles;
   tiles.load(configFor(std::min(T, kToks), groupBytesOf(w.dtype)));
-  for (int n = n0; n < n1; n += kCols) tileRows(w.dtype, panelOf(w, n, n1), xt, T, y + n, w.N, std::min(kCols, n1 - n));
+  int n = n0;
+  if (w.dtype == DType::Q8_0 && T <= kToks)  // Q8_0 panels in pairs (the others are bound by their unpacking)
+    for (; n + kCols < n1; n += 2 * kCols) {
+      const Panel p0 = panelOf(w, n, n1), p1 = panelOf(w, n + kCols, n1);
+      panelColPair(Q8Source{p0}, Q8Source{p1}, xt, T, y + n, w.N, std::min(kCols, n1 - n - kCols));
+    }
+  for (; n < n1; n += kCols) tileRows(w.dtype, panelOf(w, n, n1), xt, T, y + n, w.N, std::min(kCols, n1 - n));
 }
 
 }  // namespace weft
