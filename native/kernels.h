@@ -156,6 +156,9 @@ inline void prefetchRow(const KvElem<D>* p, int n) {
 using SiluMulFn = void (*)(float* g, const float* u, int n);
 // s[i] = exp(s[i] - max); returns the sum of the new s, in a fixed order.
 using ExpSumFn = float (*)(float* s, int n, float max);
+// out[i] = f32ToBf16(x[i]) (nearest even; NaN kept a quiet NaN): every set gives the same bits.
+using RoundBf16Fn = void (*)(const float* x, int n, uint16_t* out);
+void roundBf16Scalar(const float* x, int n, uint16_t* out);
 
 struct Kernels {
   const char* name;
@@ -175,6 +178,8 @@ struct Kernels {
   // Attention over a bf16/f16 KV cache (assigned by name after the positional fields).
   ScoresHalfFn scoresHalf = nullptr;
   WeightedSumHalfFn weightedSumHalf = nullptr;
+  // Activation rows rounded to bf16 for the bf16 matmuls (assigned by name as above).
+  RoundBf16Fn roundBf16 = roundBf16Scalar;
   // Block-quantized weights; chosen from the set's name (sets copied from
   // another inherit its choice, as avx512bf16 inherits avx512's; amx sets its own).
   MatmulQuantFn matmulQuant = quantMatmulFor(name);
@@ -206,8 +211,8 @@ const CpuFeatures& cpuFeatures();
 // each chunk holds its even elements then its odd ones; otherwise natural order.
 void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weightDtype, float* out);
 
-// Rows of x (T × K) rounded to bf16 (nearest even) → T × Kp, zero padded.
-void packActivationsBf16(const float* x, int T, int K, int Kp, uint16_t* out);
+// Rows of x (T × K) rounded to bf16 (nearest even, k.roundBf16) → T × Kp, zero padded.
+void packActivationsBf16(const Kernels& k, const float* x, int T, int K, int Kp, uint16_t* out);
 
 // Where element k of an activation row sits in that packed layout.
 inline int packedIndex(int k, int chunk, DType weightDtype) {

@@ -261,6 +261,24 @@ void weightedSumHalf(const float* const* ps, const int* ns, int nq, const uint16
   else weightedSumTyped<DType::BF16>(ps, ns, nq, vrows, hd, outs);
 }
 
+// f32ToBf16 on eight lanes at a time: the same integer steps, so the same bits.
+void roundBf16(const float* x, int n, uint16_t* out) {
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7FFF), quiet = _mm256_set1_epi32(0x40);
+  const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    const __m256i high = _mm256_srli_epi32(b, 16);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(bias, _mm256_and_si256(high, one))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs), inf);
+    const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, quiet), nan);
+    // The lanes are below 2^16: packus keeps them, then the permute undoes its 128-bit interleave.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+  }
+  roundBf16Scalar(x + i, n - i, out + i);
+}
+
 }  // namespace
 
 const Kernels& kernelsAvx2() {
@@ -268,6 +286,7 @@ const Kernels& kernelsAvx2() {
     Kernels s{"avx2", L, matmul, axpy, siluMul, expSum, scoresTyped<DType::F32>, weightedSumTyped<DType::F32>, matmulBf16, false};
     s.scoresHalf = scoresHalf;
     s.weightedSumHalf = weightedSumHalf;
+    s.roundBf16 = roundBf16;
     return s;
   }();
   return k;

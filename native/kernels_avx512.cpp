@@ -299,6 +299,21 @@ void weightedSumHalf(const float* const* ps, const int* ns, int nq, const uint16
   else weightedSumTyped<DType::BF16>(ps, ns, nq, vrows, hd, outs);
 }
 
+// f32ToBf16 on sixteen lanes at a time: the same integer steps, so the same bits.
+void roundBf16(const float* x, int n, uint16_t* out) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF), quiet = _mm512_set1_epi32(0x40);
+  const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512i b = _mm512_maskz_loadu_epi32(m, x + i);
+    const __m512i high = _mm512_srli_epi32(b, 16);
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(bias, _mm512_and_si512(high, one))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, abs), inf);
+    const __m512i r = _mm512_mask_or_epi32(rounded, nan, high, quiet);
+    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtepi32_epi16(r));
+  }
+}
+
 }  // namespace
 
 const Kernels& kernelsAvx512() {
@@ -306,6 +321,7 @@ const Kernels& kernelsAvx512() {
     Kernels s{"avx512", L, matmul, axpy, siluMul, expSum, scoresTyped<DType::F32>, weightedSumTyped<DType::F32>, matmulBf16, false};
     s.scoresHalf = scoresHalf;
     s.weightedSumHalf = weightedSumHalf;
+    s.roundBf16 = roundBf16;
     return s;
   }();
   return k;

@@ -195,12 +195,15 @@ void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weig
   }
 }
 
-void packActivationsBf16(const float* x, int T, int K, int Kp, uint16_t* out) {
+void roundBf16Scalar(const float* x, int n, uint16_t* out) {
+  for (int i = 0; i < n; i++) out[i] = f32ToBf16(x[i]);
+}
+
+void packActivationsBf16(const Kernels& k, const float* x, int T, int K, int Kp, uint16_t* out) {
 #pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
-    const float* xr = x + static_cast<size_t>(t) * K;
     uint16_t* o = out + static_cast<size_t>(t) * Kp;
-    for (int k = 0; k < K; k++) o[k] = f32ToBf16(xr[k]);
+    k.roundBf16(x + static_cast<size_t>(t) * K, K, o);
     std::fill(o + K, o + Kp, static_cast<uint16_t>(0));
   }
 }

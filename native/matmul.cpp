@@ -54,7 +54,7 @@ void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& 
 
 void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<uint16_t>& scratch) {
   if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
-  packActivationsBf16(x, T, w.K, w.Kp, scratch.data());
+  packActivationsBf16(k, x, T, w.K, w.Kp, scratch.data());
   matmulPackedBf16(k, scratch.data(), T, w, y);
 }
 

@@ -117,7 +117,7 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
   if (cfg_.bf16) {  // normalized in fp32, rounded to bf16 once for all the projections (they share K)
     rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
     if (xbf16_.size() < static_cast<size_t>(T) * first.Kp) xbf16_.resize(static_cast<size_t>(T) * first.Kp);
-    packActivationsBf16(xn_.data(), T, cfg_.hidden, first.Kp, xbf16_.data());
+    packActivationsBf16(k_, xn_.data(), T, cfg_.hidden, first.Kp, xbf16_.data());
     for (const Projection& p : outs) {
       Timer t(profile_.matmul);
       matmulPackedBf16(k_, xbf16_.data(), T, *p.w, p.y);

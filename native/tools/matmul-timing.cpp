@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   std::vector<float> x(static_cast<size_t>(T) * K), y(static_cast<size_t>(T) * N);
   for (float& v : x) v = normal(rng);
   std::vector<uint16_t> xp(bf16 ? x.size() : 0);  // bf16: the rows rounded once, as a step's matmul input
-  if (bf16) packActivationsBf16(x.data(), T, K, K, xp.data());
+  if (bf16) packActivationsBf16(k, x.data(), T, K, K, xp.data());
   const auto call = [&](const PackedMatrix& w) {
     if (bf16) matmulPackedBf16(k, xp.data(), T, w, y.data());
     else matmulQuantized(k, x.data(), T, w, y.data());
