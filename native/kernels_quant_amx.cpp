@@ -241,23 +241,58 @@ void panelRows(const S& p, const ActTiles& xt, int tt, int rows, const float* mi
   finishRows(xt, tt, rows, mins, acc, y, N, cols);
 }
 
+// The state of two tile products a group (panelRowPair, panelColPair): their sums, stored from C
+// sets 4/5 (even groups) and 6/7 (odd), and the second product's accumulators, kept in L1 (32 in
+// registers would leave none for the rest; the first's are the caller's registers).
+struct PairSums {
+  alignas(64) int32_t sums[kSumBufs][2][kToks * kCols];
+  alignas(64) float acc1[kToks * kCols];
+
+  void clear(__m512 (&acc)[kToks]) {
+#pragma GCC unroll 16
+    for (int t = 0; t < kToks; t++) {
+      acc[t] = _mm512_setzero_ps();
+      _mm512_store_ps(acc1 + kCols * t, _mm512_setzero_ps());
+    }
+  }
+  // Group g's two products, stored (a group after they were issued: see panelRows).
+  __attribute__((always_inline)) void store(int g) {
+    int32_t* c0 = sums[g % kSumBufs][0];
+    int32_t* c1 = sums[g % kSumBufs][1];
+    if (g % 2 == 0) {
+      _tile_stored(4, c0, 4 * kCols);
+      _tile_stored(5, c1, 4 * kCols);
+    } else {
+      _tile_stored(6, c0, 4 * kCols);
+      _tile_stored(7, c1, 4 * kCols);
+    }
+  }
+  const int32_t* first(int s) const { return sums[s % kSumBufs][0]; }
+  // scaleGroup's operations for group s's second product, on the accumulators in L1.
+  __attribute__((always_inline)) void scaleSecond(int s, __m512 scale, const float* d) {
+    const int32_t* c = sums[s % kSumBufs][1];
+#pragma GCC unroll 16
+    for (int t = 0; t < kToks; t++)
+      _mm512_store_ps(acc1 + kCols * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + kCols * t)),
+                                                        _mm512_mul_ps(scale, _mm512_set1_ps(d[t])), _mm512_load_ps(acc1 + kCols * t)));
+  }
+  void loadSecond(__m512 (&acc)[kToks]) const {
+#pragma GCC unroll 16
+    for (int t = 0; t < kToks; t++) acc[t] = _mm512_load_ps(acc1 + kCols * t);
+  }
+};
+
 // Two row tiles (tt, tt + 1) × one panel: each group's B tile is loaded once for both products,
 // and the two products are independent, so the tile unit has more in flight than in two
 // panelRows passes (matmul-timing, Q8_0 1024 × 3072 streamed at 32 rows: 0.25 → 0.21 ms; Q4_K,
-// bound by its unpacking, unchanged). The second tile's
-// accumulators live in L1 (32 in registers would leave none for the rest); every output still
-// gets panelRows' operations in its order, so the same bits.
+// bound by its unpacking, unchanged). Every output still gets panelRows' operations in its order,
+// so the same bits.
 template <class S>
 void panelRowPair(const S& p, const ActTiles& xt, int tt, int rows1, const float* mins, float* y, int N, int cols) {
   constexpr int kPerBlock = kQBlock / S::kGroupBytes;
-  alignas(64) int32_t sums[kSumBufs][2][kToks * kCols];
-  alignas(64) float acc1[kToks * kCols];
+  PairSums ps;
   __m512 acc[kToks];
-#pragma GCC unroll 16
-  for (int t = 0; t < kToks; t++) {
-    acc[t] = _mm512_setzero_ps();
-    _mm512_store_ps(acc1 + kCols * t, _mm512_setzero_ps());
-  }
+  ps.clear(acc);
   const int groups = xt.nb * kPerBlock;
   Ahead ahead = tt == 0 ? p.ahead(groups) : Ahead();
   for (int g = 0; g <= groups + kLag; g++) {
@@ -275,49 +310,28 @@ void panelRowPair(const S& p, const ActTiles& xt, int tt, int rows1, const float
         else WEFT_PAIR_PRODUCT(_tile_dpbssd, 3, 6, 7, a0, a1, b);
       }
     }
-    if (g >= 1 && g <= groups) {  // group g − 1's sums, stored
-      int32_t* c0 = sums[(g - 1) % kSumBufs][0];
-      int32_t* c1 = sums[(g - 1) % kSumBufs][1];
-      if ((g - 1) % 2 == 0) {
-        _tile_stored(4, c0, 4 * kCols);
-        _tile_stored(5, c1, 4 * kCols);
-      } else {
-        _tile_stored(6, c0, 4 * kCols);
-        _tile_stored(7, c1, 4 * kCols);
-      }
-    }
+    if (g >= 1 && g <= groups) ps.store(g - 1);
     const int s = g - 1 - kLag;
     if (s < 0) continue;
     const __m512 scale = p.scales(s);
-    scaleGroup(sums[s % kSumBufs][0], scale, xt.rowD(tt, s / kPerBlock), acc);
-    const int32_t* c1 = sums[s % kSumBufs][1];
-    const float* d1 = xt.rowD(tt + 1, s / kPerBlock);
-#pragma GCC unroll 16
-    for (int t = 0; t < kToks; t++)
-      _mm512_store_ps(acc1 + kCols * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c1 + kCols * t)),
-                                                        _mm512_mul_ps(scale, _mm512_set1_ps(d1[t])), _mm512_load_ps(acc1 + kCols * t)));
+    scaleGroup(ps.first(s), scale, xt.rowD(tt, s / kPerBlock), acc);
+    ps.scaleSecond(s, scale, xt.rowD(tt + 1, s / kPerBlock));
   }
   finishRows(xt, tt, kToks, mins, acc, y, N, cols);
-#pragma GCC unroll 16
-  for (int t = 0; t < kToks; t++) acc[t] = _mm512_load_ps(acc1 + kCols * t);
+  ps.loadSecond(acc);
   finishRows(xt, tt + 1, rows1, mins, acc, y + static_cast<size_t>(kToks) * N, N, cols);
 }
 
 // Up to kToks rows × two panels (columns n and n + 16): the pair's products share each group's
 // A tile and are independent, as in panelRowPair (bench profile, Q8_0, B=16 at context 192, three
-// alternating runs: 55.3 / 59.4 / 55.1 → 52.5 / 55.6 / 53.1 ms a step). The second panel's
-// accumulators live in L1; every output gets panelRows' operations in its order, so the same bits.
+// alternating runs: 55.3 / 59.4 / 55.1 → 52.5 / 55.6 / 53.1 ms a step). Every output gets
+// panelRows' operations in its order, so the same bits.
 template <class S>
 void panelColPair(const S& p0, const S& p1, const ActTiles& xt, int rows, float* y, int N, int cols1) {
   constexpr int kPerBlock = kQBlock / S::kGroupBytes;
-  alignas(64) int32_t sums[kSumBufs][2][kToks * kCols];
-  alignas(64) float acc1[kToks * kCols];
+  PairSums ps;
   __m512 acc[kToks];
-#pragma GCC unroll 16
-  for (int t = 0; t < kToks; t++) {
-    acc[t] = _mm512_setzero_ps();
-    _mm512_store_ps(acc1 + kCols * t, _mm512_setzero_ps());
-  }
+  ps.clear(acc);
   const int groups = xt.nb * kPerBlock;
   Ahead ahead0 = p0.ahead(groups), ahead1 = p1.ahead(groups);
   for (int g = 0; g <= groups + kLag; g++) {
@@ -328,31 +342,15 @@ void panelColPair(const S& p0, const S& p1, const ActTiles& xt, int rows, float*
       if (g % 2 == 0) WEFT_COL_PAIR_PRODUCT(0, 4, 5, a, p0.b(g), p1.b(g));
       else WEFT_COL_PAIR_PRODUCT(1, 6, 7, a, p0.b(g), p1.b(g));
     }
-    if (g >= 1 && g <= groups) {  // group g − 1's sums, stored
-      int32_t* c0 = sums[(g - 1) % kSumBufs][0];
-      int32_t* c1 = sums[(g - 1) % kSumBufs][1];
-      if ((g - 1) % 2 == 0) {
-        _tile_stored(4, c0, 4 * kCols);
-        _tile_stored(5, c1, 4 * kCols);
-      } else {
-        _tile_stored(6, c0, 4 * kCols);
-        _tile_stored(7, c1, 4 * kCols);
-      }
-    }
+    if (g >= 1 && g <= groups) ps.store(g - 1);
     const int s = g - 1 - kLag;
     if (s < 0) continue;
     const float* d = xt.rowD(0, s / kPerBlock);
-    scaleGroup(sums[s % kSumBufs][0], p0.scales(s), d, acc);
-    const int32_t* c1 = sums[s % kSumBufs][1];
-    const __m512 scale1 = p1.scales(s);
-#pragma GCC unroll 16
-    for (int t = 0; t < kToks; t++)
-      _mm512_store_ps(acc1 + kCols * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c1 + kCols * t)),
-                                                        _mm512_mul_ps(scale1, _mm512_set1_ps(d[t])), _mm512_load_ps(acc1 + kCols * t)));
+    scaleGroup(ps.first(s), p0.scales(s), d, acc);
+    ps.scaleSecond(s, p1.scales(s), d);
   }
   finishRows(xt, 0, rows, nullptr, acc, y, N, kCols);
-#pragma GCC unroll 16
-  for (int t = 0; t < kToks; t++) acc[t] = _mm512_load_ps(acc1 + kCols * t);
+  ps.loadSecond(acc);
   finishRows(xt, 0, rows, nullptr, acc, y + kCols, N, cols1);
 }
 
