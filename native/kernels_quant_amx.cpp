@@ -33,9 +33,10 @@ template <DType D>
 constexpr int kGroupBytesOf = groupBytesOf(D);
 
 // Two sets of tiles, so that one group's products run while the other's are scaled:
-// A 0/1 (toks × a group's bytes), B 2/3 (bytes/4 VNNI rows), C 4/5 (toks × 16 int32). Row tiles
-// taken in pairs (panelRowPair) use A 0/1 for the pair's two row tiles, B 2 and C 4-7 (two sets
-// of a C per row tile), so from 17 rows on, every tile is configured with 16 rows.
+// A 0/1 (toks × a group's bytes), B 2/3 (bytes/4 VNNI rows), C 4/5 (toks × 16 int32). The paired
+// kernels use C 4/5 and 6/7 as the two sets of their two products: panelRowPair with A 0/1 as the
+// pair's row tiles (16 rows each: from 17 rows on) and B 2/3 by group, panelColPair with A 0/1 by
+// group and B 2/3 as the pair's panels.
 TileConfig configFor(int toks, int groupBytes) {
   TileConfig c;
   for (int i = 0; i < 2; i++) {
