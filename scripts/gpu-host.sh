@@ -9,6 +9,14 @@ home=${WEFT_HOME:-/tmp/weft}
 mkdir -p "$home/node"
 if [ ! -x "$home/node/bin/node" ]; then xz -dc "$here/node.tar.xz" | tar -xf - -C "$home/node"; fi
 if [ ! -d "$home/weft" ]; then xz -dc "$here/weft.tar.xz" | tar -xf - -C "$home"; fi
+# llama.cpp's CUDA build (gpu-bundle.mjs --llama-cpp): node-llama-cpp, and libggml-cuda.so put back
+# together from its parts, found here or in $WEFT_PARTS (where earlier calls left them).
+lib="$home/weft/node_modules/@node-llama-cpp/linux-x64-cuda/bins/linux-x64-cuda/libggml-cuda.so"
+if [ -f "$here/llama-cpp.tar.xz" ] && [ ! -d "$home/weft/node_modules/node-llama-cpp" ]; then xz -dc "$here/llama-cpp.tar.xz" | tar -xf - -C "$home"; fi
+if [ -d "$home/weft/node_modules/node-llama-cpp" ] && [ ! -f "$lib" ]; then
+  parts=$(ls "${WEFT_PARTS:-$here}"/ggml-cuda.xz.* 2>/dev/null || true)
+  if [ -n "$parts" ]; then cat $parts | xz -dc >"$lib.tmp" && mv "$lib.tmp" "$lib"; fi
+fi
 export PATH="$home/node/bin:${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
 if [ -d "$here/fixtures" ]; then export WEFT_FIXTURES="$here/fixtures"; fi
 cd "$home/weft"

@@ -34,8 +34,10 @@ export interface PeerOptions {
   json?: string;
 }
 
-interface PeerRun {
+export interface PeerRun {
   decodeTokensPerSecond: number;
+  /** Every sequence's output tokens over the whole run, the prompts' evaluation included. */
+  outputTokensPerSecond: number;
   /** Tokens in each llama.cpp decode call during the decode phase (all equal to N when it batches). */
   tokensPerDecodeCall: number[];
 }
@@ -45,18 +47,23 @@ interface LlamaContextInternals {
   _ctx: Record<string | symbol, unknown> & { initBatch(size: number): void };
 }
 
-async function loadPeer(gguf: string): Promise<{ llama: import("node-llama-cpp").Llama; model: import("node-llama-cpp").LlamaModel }> {
+/** Where llama.cpp runs: its CPU build on every core here, or its CUDA build with every layer on the GPU. */
+export type PeerDevice = "cpu" | "cuda";
+
+async function loadPeer(gguf: string, device: PeerDevice): Promise<{ llama: import("node-llama-cpp").Llama; model: import("node-llama-cpp").LlamaModel }> {
   const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
-  const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, maxThreads: usableCores() });
-  const model = await llama.loadModel({ modelPath: gguf, useMmap: false, gpuLayers: 0 });
+  const gpu = device === "cuda" ? "cuda" : false;
+  // The prebuilt binaries only; a CUDA build that does not load fails here rather than falling back to the CPU.
+  const llama = await getLlama({ gpu, ...(gpu ? { build: "never" as const } : {}), logLevel: LlamaLogLevel.error, maxThreads: usableCores() });
+  const model = await llama.loadModel({ modelPath: gguf, useMmap: false, gpuLayers: gpu ? "max" : 0 });
   return { llama, model };
 }
 
 type PeerToken = import("node-llama-cpp").Token;
 
 /** llama.cpp decode throughput with `n` sequences in lockstep. */
-async function llamaDecode(gguf: string, prompts: number[][], outputLen: number): Promise<PeerRun> {
-  const { llama, model } = await loadPeer(gguf);
+export async function llamaDecode(gguf: string, prompts: number[][], outputLen: number, device: PeerDevice = "cpu"): Promise<PeerRun> {
+  const { llama, model } = await loadPeer(gguf, device);
   const n = prompts.length;
   const ctx = await model.createContext({
     // The context size is per sequence here: llama.cpp allocates it for each of the n sequences.
@@ -73,14 +80,18 @@ async function llamaDecode(gguf: string, prompts: number[][], outputLen: number)
     },
   });
   try {
+    const start = performance.now();
     const gens = prompts.map((p) => ctx.getSequence().evaluate(p as PeerToken[], { temperature: 0 })[Symbol.asyncIterator]());
     await Promise.all(gens.map((g) => g.next())); // prompts, and each sequence's first token
     const decodeStart = sizes.length;
     const t0 = performance.now();
     for (let step = 1; step < outputLen; step++) await Promise.all(gens.map((g) => g.next()));
-    const seconds = (performance.now() - t0) / 1000;
+    const end = performance.now();
     await Promise.all(gens.map((g) => g.return?.()));
-    return { decodeTokensPerSecond: (n * (outputLen - 1)) / seconds, tokensPerDecodeCall: sizes.slice(decodeStart) };
+    return {
+      decodeTokensPerSecond: (n * (outputLen - 1)) / ((end - t0) / 1000), outputTokensPerSecond: (n * outputLen) / ((end - start) / 1000),
+      tokensPerDecodeCall: sizes.slice(decodeStart),
+    };
   } finally {
     await ctx.dispose();
     await model.dispose();
@@ -89,7 +100,7 @@ async function llamaDecode(gguf: string, prompts: number[][], outputLen: number)
 }
 
 async function llamaPrefill(gguf: string, prompt: number[]): Promise<number> {
-  const { llama, model } = await loadPeer(gguf);
+  const { llama, model } = await loadPeer(gguf, "cpu");
   const ctx = await model.createContext({ sequences: 1, contextSize: prompt.length + 16, batchSize: prompt.length, threads: usableCores() });
   try {
     const it = ctx.getSequence().evaluate(prompt as PeerToken[], { temperature: 0 })[Symbol.asyncIterator]();
