@@ -66,8 +66,8 @@ class Model : public Backend {
   // Elements are cfg_.kvDtype: fp32 (exact), or bf16/f16, rounded to nearest
   // even when written and widened exactly by the attention kernels, which
   // halves the pool's bytes and attention's cache reads. Two mmap'ed regions
-  // (K and V), each holding every layer, made once: pages are zero and take no
-  // memory until a block is first written.
+  // (K and V), each holding every layer, made once and made resident at load
+  // (see makeResident), so no step pays a page's first fault.
   size_t kvElems_ = 0;  // per pool
   size_t kvPoolBytes() const { return kvElems_ * dtypeBytes(cfg_.kvDtype); }
   void* kCache_ = nullptr;

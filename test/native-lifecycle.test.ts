@@ -118,3 +118,21 @@ test("loading a 1.2 GB model leaves the event loop running; dispose gives its me
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("the KV pool is resident once loaded (no step pays its pages' first faults) and leaves with dispose", async () => {
+  const ckpt = loadCheckpoint(TINY);
+  const c = ckpt.config;
+  const blockSize = 16;
+  const perBlock = 2 * c.layers * c.kvHeads * c.headDim * blockSize * 4; // K and V, float32
+  const numBlocks = Math.ceil((256 * MiB) / perBlock);
+  const warm = await ModelRunner.create(ckpt, { numBlocks: 8, blockSize }); // the addon's threads and arenas before the baseline
+  await warm.dispose();
+  const before = process.memoryUsage().rss;
+  const runner = await ModelRunner.create(ckpt, { numBlocks, blockSize });
+  const loaded = process.memoryUsage().rss;
+  await runner.dispose();
+  const after = process.memoryUsage().rss;
+  const pool = numBlocks * perBlock;
+  assert.ok(loaded - before >= pool, `RSS grew ${((loaded - before) / MiB).toFixed(0)} MiB at load, the pool is ${(pool / MiB).toFixed(0)} MiB`);
+  assert.ok(after - before < 32 * MiB, `RSS after dispose is ${((after - before) / MiB).toFixed(0)} MiB above the pre-load RSS`);
+});
