@@ -19,7 +19,9 @@ constexpr int kParallelRows = 8;
 
 // F32/F16/BF16, GGUF's block-quantized types (see quant.h), and MLX's affine
 // 4- and 8-bit groups (see mlx_quant.h).
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13, MLX4 = 20, MLX8 = 21 };
+// Q6_KW is not a file's type: a Q6_K matrix held in the amx set's panels, its weights widened to bytes
+// (quant_panels.h); a PackedMatrix's panelType, never its dtype.
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13, MLX4 = 20, MLX8 = 21, Q6_KW = 30 };
 
 // MLX-quantized matrices: uint32 words of packed q plus a scale and a bias per group.
 inline bool isMlx(DType d) { return d == DType::MLX4 || d == DType::MLX8; }
@@ -53,6 +55,8 @@ struct PackedMatrix {
   const void* biases = nullptr;
   DType paramDtype = DType::BF16;
   int group = 0;
+  // Block-quantized matrices in VNNI panels: the layout the panel kernels read (dtype, or Q6_KW).
+  DType panelType = DType::F32;
 };
 
 // A bf16 pair tile: 16 output columns × 32 inputs.
@@ -87,8 +91,11 @@ using MatmulQuantFn = void (*)(const QuantActBlock* x, int T, const PackedMatrix
 // The quantized matmul for a kernel set: vpdpbusd lanes on VNNI panels for the AVX-512
 // sets when the CPU has AVX512-VNNI, AVX2 (vpmaddubsw) for avx2 and AVX-512 without VNNI, else scalar.
 MatmulQuantFn quantMatmulFor(const char* kernelSet);
-// Whether a quantized matmul reads its matrices in VNNI panels (quant_panels.h), packed at load.
+// Whether a quantized matmul reads its matrices in VNNI panels (quant_panels.h), packed at load,
+// and whether its panels hold Q6_K's weights widened to bytes (Q6_KW: the amx set's tiles read
+// them in place, where the VNNI lanes alone are faster on the file's 6-bit form).
 bool readsQuantPanels(MatmulQuantFn f);
+bool widensQ6Panels(MatmulQuantFn f);
 // MLX affine weights (w.dtype MLX4/MLX8): y[t, n] = Σ_k x[t, k] · w[n, k] for the columns
 // [n0, n1), all rows t < T, x in fp32 (T × K, natural order). Each weight is dequantized
 // exactly, w = fma(q, scale, bias) in fp32 (scale·q is exact for bf16/f16 scales, so this is
@@ -185,6 +192,7 @@ struct Kernels {
   MatmulQuantFn matmulQuant = quantMatmulFor(name);
   // Whether matmulQuant reads block-quantized matrices in VNNI panels, packed at load.
   bool quantPanels() const { return readsQuantPanels(matmulQuant); }
+  bool wideQ6Panels() const { return widensQ6Panels(matmulQuant); }
   // MLX affine weights, chosen from the set's name in the same way.
   MatmulMlxFn matmulMlx = mlxMatmulFor(name);
 };

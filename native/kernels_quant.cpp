@@ -285,4 +285,6 @@ MatmulQuantFn quantMatmulFor(const char* kernelSet) {
 
 bool readsQuantPanels(MatmulQuantFn f) { return f == matmulQuantPanels || f == matmulQuantAmx; }
 
+bool widensQ6Panels(MatmulQuantFn f) { return f == matmulQuantAmx; }
+
 }  // namespace weft

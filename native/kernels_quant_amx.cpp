@@ -1,8 +1,9 @@
 // AMX-INT8 tiles for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): the amx
-// set's quantized matmul, on the matrices it holds in VNNI panels (quant_panels.h). Per panel
-// of 16 output columns and group of inputs (32; Q6_K: 16, one per scale), a B tile is the
-// weights' VNNI rows (Q8_0's as they lie, the 4-, 5- and 6-bit types' unpacked to bytes once
-// per panel), an A tile 16 activation rows' int8 quants, and one TDPBSSD/TDPBSUD gives each
+// set's quantized matmul, on the matrices it holds in VNNI panels (quant_panels.h; Q6_K as
+// Q6_KW). Per panel of 16 output columns and group of inputs (32; Q6_K: 16, one per scale), a B
+// tile is the weights' VNNI rows (Q8_0's and Q6_KW's as they lie, the 4- and 5-bit types' (and a
+// compact Q6_K panel's) unpacked to bytes
+// once per panel), an A tile 16 activation rows' int8 quants, and one TDPBSSD/TDPBSUD gives each
 // (row, column) the exact int32 sum of its group; then the fp32 operations in the order
 // kernels_quant_panels.cpp spells out, so the tiles give the lane kernel's bits. Steps of fewer
 // rows than tileRowsFrom take the lane kernel. A tile computes each output from its own row and
@@ -27,8 +28,9 @@ namespace weft {
 namespace {
 
 constexpr int kToks = 16;  // activation rows per A tile
+constexpr int kQ6KGroups = 16;  // Q6_K groups (of 16 inputs, one scale each) per superblock
 // The inputs of one tile product: those sharing a weight scale (Q6_K: 16, the others 32).
-constexpr int groupBytesOf(DType d) { return d == DType::Q6_K ? kQBlock / 2 : kQBlock; }
+constexpr int groupBytesOf(DType d) { return d == DType::Q6_K || d == DType::Q6_KW ? kQBlock / 2 : kQBlock; }
 template <DType D>
 constexpr int kGroupBytesOf = groupBytesOf(D);
 
@@ -76,9 +78,8 @@ void repack(const QuantActBlock* x, int T, int nb, ActTiles& out) {
     }
 }
 
-// A panel unpacked for the B tiles: block b's 8 VNNI rows at q + 512·b (Q4_0 and Q6_K as the
-// signed weights, stored value − kOffset; Q6_K's two groups rows 0–3 and 4–7), scale[g] and
-// min[b] as 16 floats each.
+// A panel unpacked for the B tiles: block b's 8 VNNI rows at q + 512·b (Q4_0 as the signed
+// weights, stored value − kOffset), scale[g] and min[b] as 16 floats each.
 struct KPanel {
   std::vector<int8_t> q;
   std::vector<float> scale, min;
@@ -113,6 +114,32 @@ struct Q8Source {
   const Panel& p;
   const uint8_t* b(int g) const { return p.at + static_cast<size_t>(g) * q8panel::kUnit + q8panel::kQ; }
   __m512 scales(int g) const { return f16x16(p.at + static_cast<size_t>(g) * q8panel::kUnit + q8panel::kD); }
+  Ahead ahead(int groups) const { return Ahead(p, groups); }
+};
+
+// A Q6_KW panel's group scales d·sc (16 floats a group, 16 groups a unit), decoded once per
+// panel for Q6Source.
+void q6Scales(const Panel& p, int units, std::vector<float>& out) {
+  constexpr int groups = kQ6KGroups;
+  out.resize(static_cast<size_t>(units) * groups * kCols);
+  for (int u = 0; u < units; u++) {
+    UnitScales s;
+    decodeScales<DType::Q6_KW>(p.at + static_cast<size_t>(u) * q6kwpanel::kUnit, s);
+    for (int g = 0; g < groups; g++) _mm512_storeu_ps(out.data() + (static_cast<size_t>(u) * groups + g) * kCols, s.scale[g]);
+  }
+}
+
+// Q6_KW panels read in place (their weights are signed bytes already): group g (16 inputs) is
+// rows 4g..4g+3 of its unit's weight rows; the scales from q6Scales.
+struct Q6Source {
+  static constexpr int kGroupBytes = kGroupBytesOf<DType::Q6_KW>;
+  static constexpr bool kUnsigned = false;
+  const Panel& p;
+  const float* scale;
+  const uint8_t* b(int g) const {
+    return p.at + static_cast<size_t>(g / kQ6KGroups) * q6kwpanel::kUnit + q6kwpanel::kQ + (g % kQ6KGroups) * 4 * kVnniRow;
+  }
+  __m512 scales(int g) const { return _mm512_loadu_ps(scale + static_cast<size_t>(g) * kCols); }
   Ahead ahead(int groups) const { return Ahead(p, groups); }
 };
 
@@ -392,6 +419,10 @@ void tileRows(DType d, const Panel& p, const ActTiles& xt, int T, float* y, int 
       unpackPanel<DType::Q6_K>(p, xt.nb, k);
       each(KSource<DType::Q6_K>{k}, nullptr);
       break;
+    case DType::Q6_KW:
+      q6Scales(p, xt.nb / kBlocksPerUnit<DType::Q6_KW>, k.scale);
+      each(Q6Source{p, k.scale.data()}, nullptr);
+      break;
     default: each(Q8Source{p}, nullptr); break;
   }
 }
@@ -401,27 +432,35 @@ void tileRows(DType d, const Panel& p, const ActTiles& xt, int T, float* y, int 
 // types' panels are unpacked once per call for them. matmul-timing, 1024 × 3072 streamed, GB/s of
 // weights, tiles / lanes: Q8_0 at 5 rows 24.2 / 23.8 and 8 rows 23.6 / 20.6; Q4_K at 12 rows
 // 10.5 / 11.5 and 16 rows 9.7 / 9.0 (Q4_0, Q5_K and Q6_K alike).
-int tileRowsFrom(DType d) { return d == DType::Q8_0 ? 5 : 13; }
+int tileRowsFrom(DType d) { return d == DType::Q8_0 || d == DType::Q6_KW ? 5 : 13; }
 
 }  // namespace
 
 void matmulQuantAmx(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
-  if (T < tileRowsFrom(w.dtype)) return matmulQuantPanels(x, T, w, y, n0, n1);
+  if (T < tileRowsFrom(w.panelType)) return matmulQuantPanels(x, T, w, y, n0, n1);
   static thread_local ActTiles xt;
   repack(x, T, w.K / kQBlock, xt);
   asm volatile("" ::: "memory");  // the tile loads' asm does not tell the compiler it reads memory
   TileScope tiles;
-  tiles.load(configFor(std::min(T, kToks), groupBytesOf(w.dtype)));
+  tiles.load(configFor(std::min(T, kToks), groupBytesOf(w.panelType)));
   int n = n0;
-  // Q8_0 panels in pairs. The unpacked types measured no gain (matmul-timing, 1024 × 3072 streamed at
-  // 16 rows, single / paired panels: Q4_K 0.176-0.180 / 0.190-0.196 ms, Q5_K 0.214-0.216 /
-  // 0.223-0.229, Q6_K 0.293-0.338 / 0.278-0.283, and a Q4_K_M step at B=16 unchanged).
-  if (w.dtype == DType::Q8_0 && T <= kToks)
+  // Panels read in place (Q8_0, Q6_KW) in pairs. The unpacked types measured no gain (matmul-timing,
+  // 1024 × 3072 streamed at 16 rows, single / paired panels: Q4_K 0.176-0.180 / 0.190-0.196 ms, Q5_K
+  // 0.214-0.216 / 0.223-0.229, and a Q4_K_M step at B=16 unchanged).
+  if ((w.panelType == DType::Q8_0 || w.panelType == DType::Q6_KW) && T <= kToks)
     for (; n + kCols < n1; n += 2 * kCols) {
       const Panel p0 = panelOf(w, n, n1), p1 = panelOf(w, n + kCols, n1);
-      panelColPair(Q8Source{p0}, Q8Source{p1}, xt, T, y + n, w.N, std::min(kCols, n1 - n - kCols));
+      const int cols1 = std::min(kCols, n1 - n - kCols);
+      if (w.panelType == DType::Q8_0) {
+        panelColPair(Q8Source{p0}, Q8Source{p1}, xt, T, y + n, w.N, cols1);
+        continue;
+      }
+      static thread_local std::vector<float> s0, s1;
+      q6Scales(p0, xt.nb / kBlocksPerUnit<DType::Q6_KW>, s0);
+      q6Scales(p1, xt.nb / kBlocksPerUnit<DType::Q6_KW>, s1);
+      panelColPair(Q6Source{p0, s0.data()}, Q6Source{p1, s1.data()}, xt, T, y + n, w.N, cols1);
     }
-  for (; n < n1; n += kCols) tileRows(w.dtype, panelOf(w, n, n1), xt, T, y + n, w.N, std::min(kCols, n1 - n));
+  for (; n < n1; n += kCols) tileRows(w.panelType, panelOf(w, n, n1), xt, T, y + n, w.N, std::min(kCols, n1 - n));
 }
 
 }  // namespace weft

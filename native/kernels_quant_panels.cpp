@@ -1,5 +1,5 @@
 // The VNNI lane kernel on the panels (quant_panels.h) of every block-quantized type (Q8_0,
-// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): the quantized matmul of the AVX-512 sets on CPUs with
+// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; panel types in quant_panels.h): the quantized matmul of the AVX-512 sets on CPUs with
 // AVX512-VNNI, and the amx set's for steps of few rows. Per panel of 16 output columns, up to
 // four activation rows at a time: each VNNI row (one 4-input word of the 16 columns, decoded to
 // bytes by quant_panel_units.h) meets the row's 4 inputs broadcast in one vpdpbusd, so each lane
@@ -41,7 +41,7 @@ __attribute__((always_inline)) inline void vecBlock(const uint8_t* u, const Unit
   __m512i w[8];
   for (int r = 0; r < 8; r++) {
     w[r] = vnniRow<D, J>(u, r);
-    if constexpr (D == DType::Q8_0) w[r] = _mm512_xor_si512(w[r], _mm512_set1_epi8(static_cast<char>(0x80)));  // w + 128: unsigned
+    if constexpr (kSignedBytes<D>) w[r] = _mm512_xor_si512(w[r], _mm512_set1_epi8(static_cast<char>(0x80)));  // w + 128: unsigned
   }
   for (int t = 0; t < R; t++) {
     const size_t i = static_cast<size_t>(t) * nb + b;
@@ -52,7 +52,7 @@ __attribute__((always_inline)) inline void vecBlock(const uint8_t* u, const Unit
       return _mm512_set1_epi32(v);
     };
     const __m512 xd = _mm512_set1_ps(xb.d);
-    if constexpr (D == DType::Q6_K) {
+    if constexpr (kQ6Groups<D>) {
       __m512i lo = _mm512_set1_epi32(-kOffset<D> * xb.half[0]), hi = _mm512_set1_epi32(-kOffset<D> * xb.half[1]);
       for (int r = 0; r < 4; r++) lo = _mm512_dpbusd_epi32(lo, w[r], word(r));
       for (int r = 4; r < 8; r++) hi = _mm512_dpbusd_epi32(hi, w[r], word(r));
@@ -99,6 +99,7 @@ void vecRowsFor(DType d, const Panel& p, const QuantActBlock* x, int T, int nb, 
     case DType::Q4_K: vecRowsOf<DType::Q4_K>(p, x, T, nb, y, N, cols); break;
     case DType::Q5_K: vecRowsOf<DType::Q5_K>(p, x, T, nb, y, N, cols); break;
     case DType::Q6_K: vecRowsOf<DType::Q6_K>(p, x, T, nb, y, N, cols); break;
+    case DType::Q6_KW: vecRowsOf<DType::Q6_KW>(p, x, T, nb, y, N, cols); break;
     default: vecRowsOf<DType::Q8_0>(p, x, T, nb, y, N, cols); break;
   }
 }
@@ -112,7 +113,7 @@ void matmulQuantPanels(const QuantActBlock* x, int T, const PackedMatrix& w, flo
     const int cols = std::min(kCols, n1 - n);
     for (int t = 0; t < T; t += kVecRows) {
       const size_t at = static_cast<size_t>(t) * nb;
-      vecRowsFor(w.dtype, p, x + at, std::min(kVecRows, T - t), nb, y + static_cast<size_t>(t) * w.N + n, w.N, cols);
+      vecRowsFor(w.panelType, p, x + at, std::min(kVecRows, T - t), nb, y + static_cast<size_t>(t) * w.N + n, w.N, cols);
       p.ahead = nullptr;  // the first pass asked for the panel ahead
       p.aheadBytes = 0;
     }

@@ -69,7 +69,7 @@ Model::Model(ModelConfig config, Weights weights)
     : cfg_(std::move(config)), w_(std::move(weights)), k_(activeKernels()) {
   auto pack = [this](const Tensor& t) {  // quantized weights stay quantized in either compute mode
     if (isMlx(t.dtype)) return store_.packMlx(t);
-    if (isQuantized(t.dtype)) return store_.packQuantized(t, k_.quantPanels());
+    if (isQuantized(t.dtype)) return store_.packQuantized(t, k_);
     return cfg_.bf16 ? store_.packPairTiles(t) : store_.pack(t, k_.chunk);
   };
   for (const LayerWeights& L : w_.layers) {

@@ -25,20 +25,31 @@ constexpr int kUnitBytes = D == DType::Q8_0   ? q8panel::kUnit
                            : D == DType::Q4_1 ? q41panel::kUnit
                            : D == DType::Q4_K ? q4kpanel::kUnit
                            : D == DType::Q5_K ? q5kpanel::kUnit
-                                              : q6kpanel::kUnit;
+                           : D == DType::Q6_K ? q6kpanel::kUnit
+                                              : q6kwpanel::kUnit;
 // Unsigned values with a min term per block (the others are signed, or read with an offset).
 template <DType D>
 constexpr bool kHasMins = D == DType::Q4_1 || D == DType::Q4_K || D == DType::Q5_K;
-// The offset a signed type's weights are read with as unsigned bytes by vpdpbusd (Q8_0 as
-// w + 128; Q4_0's and Q6_K's stored values are w + 8 and w + 32): each sum then starts at
-// minus the offset times its inputs' Σx.
-constexpr int offsetOf(DType d) { return d == DType::Q8_0 ? 128 : d == DType::Q4_0 ? 8 : d == DType::Q6_K ? kQ6KBias : 0; }
+// The panel types that hold signed weight bytes (Q8_0's quants, Q6_KW's widened values):
+// vpdpbusd reads them as w + 128 (the sign bit flipped).
+template <DType D>
+constexpr bool kSignedBytes = D == DType::Q8_0 || D == DType::Q6_KW;
+// Q6_K's two panel types: one scale per 16 inputs, two groups a block.
+template <DType D>
+constexpr bool kQ6Groups = D == DType::Q6_K || D == DType::Q6_KW;
+// The offset a signed type's weights are read with as unsigned bytes by vpdpbusd (Q8_0 and Q6_KW
+// as w + 128; Q4_0's and Q6_K's stored values are w + 8 and w + 32): each sum then starts at minus
+// the offset times its inputs' Σx.
+constexpr int offsetOf(DType d) {
+  return d == DType::Q8_0 || d == DType::Q6_KW ? 128 : d == DType::Q4_0 ? 8 : d == DType::Q6_K ? kQ6KBias : 0;
+}
 template <DType D>
 constexpr int kOffset = offsetOf(D);
-// Q5_K's d, dmin and scale words lie as Q4_K's (decodeScales reads both the same way).
+// Q5_K's d, dmin and scale words lie as Q4_K's, Q6_KW's d and scales as Q6_K's (decodeScales reads each pair the same way).
 static_assert(q4kpanel::kD == q5kpanel::kD && q4kpanel::kDmin == q5kpanel::kDmin && q4kpanel::kScales == q5kpanel::kScales);
+static_assert(q6kpanel::kD == q6kwpanel::kD && q6kpanel::kScales == q6kwpanel::kScales);
 template <DType D>
-constexpr int kBlocksPerUnit = D == DType::Q4_K || D == DType::Q5_K || D == DType::Q6_K ? 8 : 1;
+constexpr int kBlocksPerUnit = D == DType::Q4_K || D == DType::Q5_K || kQ6Groups<D> ? 8 : 1;
 // Weight panels are asked into L2 this many panels ahead, a share of the panel per unit: with
 // no prefetch one row streamed 10–20 % slower (matmul-timing, session 20). Four panels of Q8_0
 // (68 KiB at K = 1024) are more than L1 holds: with L1 as the target, one-row Q8_0 steps took
@@ -76,13 +87,13 @@ struct Ahead {
 };
 
 // A unit's scales, one per column: per group (one-block units: 1; Q4_K, Q5_K: 8, of 32 inputs;
-// Q6_K: 16, of 16) and the min terms per block.
+// Q6_K, Q6_KW: 16, of 16) and the min terms per block.
 struct UnitScales {
   __m512 scale[16];
   __m512 min[8];
 };
 
-// d (Q8_0, Q4_0), d and m (Q4_1), d·sc and −dmin·m (Q4_K, Q5_K), d·sc (Q6_K): the values the
+// d (Q8_0, Q4_0), d and m (Q4_1), d·sc and −dmin·m (Q4_K, Q5_K), d·sc (Q6_K, Q6_KW): the values the
 // lane kernels' unpacking and q4kScales / q6kScales give per column.
 template <DType D>
 __attribute__((always_inline)) inline void decodeScales(const uint8_t* u, UnitScales& s) {
@@ -113,8 +124,8 @@ __attribute__((always_inline)) inline void decodeScales(const uint8_t* u, UnitSc
   }
 }
 
-// VNNI row r (inputs 4r..4r+3) of block J of a unit, 16 columns: Q8_0's signed quants, the
-// other types' unsigned stored values (4, 5 or 6 bits).
+// VNNI row r (inputs 4r..4r+3) of block J of a unit, 16 columns: Q8_0's and Q6_KW's signed
+// weights, the other types' unsigned stored values (4, 5 or 6 bits).
 template <DType D, int J>
 __attribute__((always_inline)) inline __m512i vnniRow(const uint8_t* u, int r) {
   if constexpr (D == DType::Q8_0) {
@@ -128,11 +139,13 @@ __attribute__((always_inline)) inline __m512i vnniRow(const uint8_t* u, int r) {
     const U8x64 low = q4kQuants<J % 2 == 1>(U8x64(load64(u + q5kpanel::kQs + kVnniRow * (8 * (J / 2) + r))));
     const U8x64 h = U8x64(load64(u + q5kpanel::kQh + kVnniRow * r));
     return __m512i(low | ((J <= 4 ? h << (4 - J) : h >> (J - 4)) & 0x10));
-  } else {
+  } else if constexpr (D == DType::Q6_K) {
     constexpr int n = J / 4, k = J % 4;  // the half, and the block within it
     const U8x64 l = U8x64(load64(u + q6kpanel::kQl + kVnniRow * (8 * (2 * n + k % 2) + r)));
     const U8x64 h = U8x64(load64(u + q6kpanel::kQh + kVnniRow * (8 * n + r)));
     return __m512i(q6kBits<k>(l, h));
+  } else {
+    return load64(u + q6kwpanel::kQ + kVnniRow * (8 * J + r));
   }
 }
 
@@ -162,11 +175,11 @@ __attribute__((always_inline)) inline void eachUnit(const Panel& p, int units, F
 // Column n's panel of w (n a multiple of kCols, n < n1), with the panel kPrefetchPanels on as the
 // one to prefetch if the run [n, n1) reaches it.
 inline Panel panelOf(const PackedMatrix& w, int n, int n1) {
-  const size_t panelBytes = tensorBytes(w.dtype, kCols, w.K);
-  Panel p{static_cast<const uint8_t*>(w.data) + panelBytes * (n / kCols)};
+  const size_t bytes = panelBytes(w.panelType, kCols, w.K);
+  Panel p{static_cast<const uint8_t*>(w.data) + bytes * (n / kCols)};
   if (n + (kPrefetchPanels + 1) * kCols <= n1) {
-    p.ahead = reinterpret_cast<const char*>(p.at + panelBytes * kPrefetchPanels);
-    p.aheadBytes = panelBytes;
+    p.ahead = reinterpret_cast<const char*>(p.at + bytes * kPrefetchPanels);
+    p.aheadBytes = bytes;
   }
   return p;
 }

@@ -1,6 +1,11 @@
-// Block-quantized matrices (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) as the VNNI and amx sets hold them: the file's bytes permuted at load
-// (none changed, none added) so that one 64-byte load gives one 4-byte group of inputs for 16
-// output columns, the layout vpdpbusd lanes and an AMX B tile read (a "VNNI" row).
+// Block-quantized matrices (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) as the VNNI and amx sets hold them: the file's
+// bytes permuted at load so that one 64-byte load gives one 4-byte group of inputs for 16 output columns, the
+// layout vpdpbusd lanes and an AMX B tile read (a "VNNI" row). No byte is changed or added, except in the
+// amx set's Q6_K panels (panel type Q6_KW): their 6-bit weights are held widened to signed bytes (value − 32),
+// which its tiles read in place as Q8_0's, instead of unpacking them on every call (the unpacking was 43 % of
+// the tile kernel's time at 16 rows); they take 4384 bytes per 16 × 256 weights instead of the file's 3360.
+// The VNNI set keeps the file's bits: its lanes alone gain nothing from the bytes below 16 rows and lose up
+// to a fifth at one row, where the wider panel is read from memory (matmul-timing, 1024 × 3072 streamed).
 //
 // The matrix is cut into panels of kPanelCols weight rows (output columns); a panel is its
 // units in order (a block of 32 inputs; for the K-quants a superblock of 256), each unit the 16
@@ -14,6 +19,8 @@
 //                  qs: 4 chunks × 8 rows (as Q4_K)
 //   Q6_K (3360 B): d (16 f16) | scales (4 × 16 u32: int8 scales 4w..4w+3) | ql: 4 chunks × 8 rows |
 //                  qh: 2 chunks × 8 rows
+//   Q6_KW (4384 B): d | scales (as Q6_K) | q: 8 blocks × 8 VNNI rows of signed weights (block j's
+//                  inputs 4r..4r+3 at row 8j + r: rows 8j..8j+3 take scale 2j, 8j+4..8j+7 scale 2j + 1)
 // A VNNI row is 16 × 4 bytes, column c's at 4c. Columns past N are zeros (a zero scale).
 #pragma once
 #include <cstddef>
@@ -43,11 +50,18 @@ constexpr int kD = 0, kDmin = 32, kScales = 64, kQh = 256, kQs = 768, kUnit = 28
 namespace q6kpanel {
 constexpr int kD = 0, kScales = 32, kQl = 288, kQh = 2336, kUnit = 3360;
 }
+namespace q6kwpanel {
+constexpr int kD = 0, kScales = 32, kQ = 288, kUnit = 4384;
+}
 
-// Bytes of an (N × K) matrix of type d in panels: N rounded up to whole panels.
-size_t panelBytes(DType d, int N, int K);
+// The panel type of a type-d matrix in a set that does (wideQ6) or does not widen Q6_K.
+inline DType panelTypeOf(DType d, bool wideQ6) { return d == DType::Q6_K && wideQ6 ? DType::Q6_KW : d; }
+// Bytes of one panel unit of panel type `panel` (16 columns × one block; K-quants: one superblock).
+size_t panelUnitBytes(DType panel);
+// Bytes of an (N × K) matrix in panels of type `panel`: N rounded up to whole panels.
+size_t panelBytes(DType panel, int N, int K);
 
-// The rows of `src` (N × K, ggml's block layout) into panels at `dst` (panelBytes long).
-void packQuantPanels(DType d, const uint8_t* src, int N, int K, uint8_t* dst);
+// The rows of `src` (N × K, ggml's block layout of the file's type) into panels at `dst` (panelBytes long).
+void packQuantPanels(DType panel, const uint8_t* src, int N, int K, uint8_t* dst);
 
 }  // namespace weft

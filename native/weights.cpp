@@ -70,15 +70,16 @@ PackedMatrix PackedStore::pack(const Tensor& t, int chunk) {
   return p;
 }
 
-PackedMatrix PackedStore::packQuantized(const Tensor& t, bool panels) {
+PackedMatrix PackedStore::packQuantized(const Tensor& t, const Kernels& k) {
   PackedMatrix p;
-  p.dtype = t.dtype;
+  p.dtype = p.panelType = t.dtype;
   p.N = p.Np = t.rows;
   p.K = p.Kp = t.cols;
-  if (panels) {
+  if (k.quantPanels()) {
+    p.panelType = panelTypeOf(t.dtype, k.wideQ6Panels());
     p.Np = (t.rows + kPanelCols - 1) / kPanelCols * kPanelCols;
-    auto* mem = static_cast<uint8_t*>(reserve(panelBytes(t.dtype, t.rows, t.cols)));
-    packQuantPanels(t.dtype, static_cast<const uint8_t*>(t.data), t.rows, t.cols, mem);
+    auto* mem = static_cast<uint8_t*>(reserve(panelBytes(p.panelType, t.rows, t.cols)));
+    packQuantPanels(p.panelType, static_cast<const uint8_t*>(t.data), t.rows, t.cols, mem);
     p.data = mem;
     return p;
   }

@@ -48,10 +48,10 @@ class PackedStore {
   ~PackedStore();
   // Repacks `t` (N × K) into kernel-tile order, in its own dtype.
   PackedMatrix pack(const Tensor& t, int chunk);
-  // Copies a block-quantized `t`: as it is (rows of ggml blocks, which the lane kernels read a
-  // column group's rows at a time), or with `panels` (the kernel set's quantPanels) permuted
-  // into VNNI panels (quant_panels.h).
-  PackedMatrix packQuantized(const Tensor& t, bool panels);
+  // Copies a block-quantized `t` as the set k reads it: as it is (rows of ggml blocks, which the
+  // lane kernels read a column group's rows at a time), or permuted into VNNI panels (quant_panels.h)
+  // where k.quantPanels(), of the panel type k gives its dtype.
+  PackedMatrix packQuantized(const Tensor& t, const Kernels& k);
   // Copies an MLX-quantized `t` as it is: its words, scales and biases.
   PackedMatrix packMlx(const Tensor& t);
   // Repacks `t` into bf16 pair tiles (bfloat16 mode), rounding f32/f16 weights to bf16 as transformers does.

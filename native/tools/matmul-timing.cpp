@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   }
   const Kernels& k = activeKernels();
   const bool panels = k.quantPanels() && !bf16;  // held as the addon holds them (PackedStore::packQuantized)
-  const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(dt, N, K) : tensorBytes(dt, N, K);
+  const DType panel = panelTypeOf(dt, k.wideQ6Panels());
+  const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(panel, N, K) : tensorBytes(dt, N, K);
   uint8_t* data = randomWeights(dt, bytes * copies);
   if (!data) {
     fprintf(stderr, "cannot allocate %zu bytes of weights\n", bytes * copies);
@@ -86,10 +87,11 @@ int main(int argc, char** argv) {
   for (int c = 0; c < copies; c++) {
     if (panels) {  // random rows (as randomWeights makes them) into panels
       std::memcpy(rows.data(), data + bytes * c, rows.size());
-      packQuantPanels(dt, rows.data(), N, K, data + bytes * c);
+      packQuantPanels(panel, rows.data(), N, K, data + bytes * c);
     }
     ws[c].data = data + bytes * c;
     ws[c].dtype = dt;
+    ws[c].panelType = panels ? panel : dt;
     ws[c].N = ws[c].Np = N;
     ws[c].K = ws[c].Kp = K;
   }
