@@ -432,6 +432,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     r.Set("deviceName", m.deviceName());
     r.Set("threads", omp_get_max_threads());
     r.Set("kvCacheBytes", static_cast<double>(m.kvCacheBytes()));
+    r.Set("weightBytes", static_cast<double>(m.weightBytes()));
     r.Set("dtype", m.config().bf16 ? "bfloat16" : "float32");
     const DType kv = m.config().kvDtype;
     r.Set("kvCacheDtype", kv == DType::F32 ? "float32" : kv == DType::BF16 ? "bfloat16" : "float16");

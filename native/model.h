@@ -18,6 +18,7 @@ class Model : public Backend {
   Model& operator=(const Model&) = delete;
   StepOutput step(const StepInput& in) override;
   size_t kvCacheBytes() const override { return kvPoolBytes() * 2; }
+  size_t weightBytes() const override { return store_.bytes(); }
   const ModelConfig& config() const override { return cfg_; }
   Profile takeProfile() override;
   const char* device() const override { return "cpu"; }

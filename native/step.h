@@ -109,6 +109,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual StepOutput step(const StepInput& in) = 0;
   virtual size_t kvCacheBytes() const = 0;
+  // Bytes of the weight matrices as the backend holds them: what one decode step reads.
+  virtual size_t weightBytes() const = 0;
   virtual const ModelConfig& config() const = 0;
   virtual Profile takeProfile() = 0;
   // "cpu" or "cuda", and the device's name (the CPU's kernel set, or the GPU's name).

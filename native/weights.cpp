@@ -150,6 +150,7 @@ void* PackedStore::reserve(size_t bytes) {
   }
   void* at = static_cast<char*>(regions_.back().addr) + used_;
   used_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  bytes_ += bytes;
   return at;
 }
 

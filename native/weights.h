@@ -56,11 +56,14 @@ class PackedStore {
   PackedMatrix packMlx(const Tensor& t);
   // Repacks `t` into bf16 pair tiles (bfloat16 mode), rounding f32/f16 weights to bf16 as transformers does.
   PackedMatrix packPairTiles(const Tensor& t);
+  // Bytes of every matrix packed so far.
+  size_t bytes() const { return bytes_; }
 
  private:
   struct Region { void* addr; size_t size; };
   std::vector<Region> regions_;  // chunks, each 2 MiB-aligned
   size_t used_ = 0;               // bytes handed out of the last chunk
+  size_t bytes_ = 0;              // bytes asked for, all chunks
   void* reserve(size_t bytes);
 };
 

@@ -136,3 +136,18 @@ test("the KV pool is resident once loaded (no step pays its pages' first faults)
   assert.ok(loaded - before >= pool, `RSS grew ${((loaded - before) / MiB).toFixed(0)} MiB at load, the pool is ${(pool / MiB).toFixed(0)} MiB`);
   assert.ok(after - before < 32 * MiB, `RSS after dispose is ${((after - before) / MiB).toFixed(0)} MiB above the pre-load RSS`);
 });
+
+test("info().weightBytes is the bytes a decode step reads: the matrices as held", async () => {
+  const ckpt = loadCheckpoint(TINY);
+  const w = ckpt.weights;
+  const matrices = [...new Set([w.lmHead, ...w.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])])];
+  const stored = matrices.reduce((n, t) => n + t.byteLength, 0);
+  const asBf16 = matrices.reduce((n, t) => n + t.shape[0]! * t.shape[1]! * 2, 0);
+  for (const [dtype, bytes] of [["float32", stored], ["bfloat16", asBf16]] as const) {
+    const runner = await ModelRunner.create(ckpt, { numBlocks: 8, blockSize: 16 }, dtype);
+    // Packed rows are padded to the kernel set's chunk (hidden 48 here), which the kernels stream too.
+    const held = runner.info().weightBytes;
+    assert.ok(held >= bytes && held < 1.5 * bytes, `${dtype}: ${held} bytes held for ${bytes} bytes of matrices`);
+    await runner.dispose();
+  }
+});

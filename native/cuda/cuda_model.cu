@@ -185,6 +185,12 @@ class CudaModel : public Backend {
   ~CudaModel() override { release(); }
 
   size_t kvCacheBytes() const override { return kvLayerBytes_ * cfg_.layers * 2; }
+  // Every matrix in bf16; the output projection (the embedding table when tied) is read once a step either way.
+  size_t weightBytes() const override {
+    const size_t h = cfg_.hidden, q = static_cast<size_t>(cfg_.heads) * cfg_.headDim, kv = static_cast<size_t>(cfg_.kvHeads) * cfg_.headDim;
+    const size_t layer = (q + 2 * kv) * h + h * q + 3 * static_cast<size_t>(cfg_.intermediate) * h;
+    return 2 * (layer * cfg_.layers + static_cast<size_t>(cfg_.vocab) * h);
+  }
   const ModelConfig& config() const override { return cfg_; }
   const char* device() const override { return "cuda"; }
   std::string deviceName() const override { return name_; }

@@ -1,7 +1,7 @@
 /** What a benchmark ran on: stated with every result. */
 import fs from "node:fs";
 import os from "node:os";
-import { loadNative, type ComputeDtype } from "../runtime/native.js";
+import { loadNative, type ComputeDtype, type NativeModelInfo } from "../runtime/native.js";
 import type { Checkpoint } from "../model/checkpoint.js";
 
 export interface MachineInfo {
@@ -70,19 +70,10 @@ export function matmulParams(c: Checkpoint): number {
   return matrices.reduce((n, t) => n + t.shape[0]! * t.shape[1]!, 0);
 }
 
-const FLOAT_DTYPES: ReadonlySet<string> = new Set(["f32", "f16", "bf16"]);
-
-/**
- * Weight bytes one decode step streams: the linear layers and the output
- * projection (plus norms), quantized matrices as stored; in bfloat16 mode
- * float matrices are held as bf16, in float32 mode as stored.
- */
-export function weightBytesPerStep(c: Checkpoint, dtype: ComputeDtype): number {
+/** The matrices' bytes as the file stores them: what a peer reading the file in place streams a step. */
+export function fileMatrixBytes(c: Checkpoint): number {
   const matrices = [...new Set([c.weights.lmHead, ...c.weights.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])])];
-  const matrixBytes = matrices.reduce((n, t) => n + t.byteLength, 0);
-  if (dtype !== "bfloat16") return c.weightBytes;
-  const asBf16 = matrices.reduce((n, t) => n + (FLOAT_DTYPES.has(t.dtype) ? t.shape[0]! * t.shape[1]! * 2 : t.byteLength), 0);
-  return c.weightBytes - matrixBytes + asBf16;
+  return matrices.reduce((n, t) => n + t.byteLength, 0);
 }
 
 /** The compute peak that binds a matmul: the unit the kernels use in this mode. */
@@ -102,11 +93,15 @@ export interface RooflineShare {
   prefill_compute_pct: number | null;
 }
 
-export function rooflineShare(r: Rooflines, c: Checkpoint, dtype: ComputeDtype, kernels: string,
+/**
+ * `held`: the loaded model's mode, kernel set and weight bytes as it holds them (its info()),
+ * the bytes one decode step reads.
+ */
+export function rooflineShare(r: Rooflines, c: Checkpoint, held: Pick<NativeModelInfo, "dtype" | "isa" | "weightBytes">,
   res: { concurrency: number; decode_tokens_per_second: number | null; prefill_tokens_per_second: number | null }): RooflineShare {
   const params = matmulParams(c);
-  const bytesPerStep = weightBytesPerStep(c, dtype);
-  const peak = computePeakGflops(r, dtype, kernels) * 1e9;
+  const bytesPerStep = held.weightBytes;
+  const peak = computePeakGflops(r, held.dtype, held.isa) * 1e9;
   const pct = (x: number | null, limit: number): number | null => (x === null || limit <= 0 ? null : Math.round((x / limit) * 1000) / 10);
   const decode = res.decode_tokens_per_second;
   return {

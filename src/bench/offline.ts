@@ -113,7 +113,7 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
   const dtype = m.runner.info().dtype;
   const report: OfflineBenchReport = {
     machine: machineInfo(), model: modelInfo(m.checkpoint), dtype, device, rooflines,
-    roofline_share: rooflines ? results.map((r) => rooflineShare(rooflines, m.checkpoint, dtype, m.runner.info().isa, r)) : [],
+    roofline_share: rooflines ? results.map((r) => rooflineShare(rooflines, m.checkpoint, m.runner.info(), r)) : [],
     workload: { num_prompts: o.numPrompts, prompt_len: o.promptLen ?? "builtin", output_len: o.outputLen, prefix_len: o.prefixLen ?? 0, mode: o.mode },
     results,
   };

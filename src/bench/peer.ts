@@ -17,7 +17,7 @@ import { readGguf } from "../model/gguf.js";
 import { ggufModelConfig } from "../model/gguf-model.js";
 import { makeModel } from "../model/make-model.js";
 import { llamaQuantized, type LlamaQuantType } from "./llama-quantize.js";
-import { machineInfo, measureRooflines, modelInfo, rooflineShare, usableCores, weightBytesPerStep } from "./machine.js";
+import { fileMatrixBytes, machineInfo, measureRooflines, modelInfo, rooflineShare, usableCores } from "./machine.js";
 import { runLevel } from "./offline.js";
 import { attributeStep, summarize, table, type StepTotals } from "./stats.js";
 import { syntheticPrompts } from "./workload.js";
@@ -175,10 +175,11 @@ export async function peerBench(o: PeerOptions): Promise<void> {
   await runLevel(m, [prefillPrompt.slice(0, 16)], 2, 1, steps); // warm-up
 
   const rows: Record<string, unknown>[] = [];
-  const { dtype, isa: kernels } = m.runner.info();
+  const held = m.runner.info();
+  const { dtype } = held;
   // Weft's share of the roofline that binds it: read bandwidth for one sequence, the compute peak of its unit otherwise.
   const weftShare = (n: number, decode: number | null, prefill: number | null): Record<string, number | null> => {
-    const share = rooflineShare(rooflines, m.checkpoint, dtype, kernels, { concurrency: n, decode_tokens_per_second: decode, prefill_tokens_per_second: prefill });
+    const share = rooflineShare(rooflines, m.checkpoint, held, { concurrency: n, decode_tokens_per_second: decode, prefill_tokens_per_second: prefill });
     return n === 1 && prefill === null ? { weft_bandwidth_pct: share.decode_bandwidth_pct } : prefill === null ? { weft_compute_pct: share.decode_compute_pct } : { weft_compute_pct: share.prefill_compute_pct };
   };
   for (const n of o.concurrency) {
@@ -249,8 +250,9 @@ async function peerBenchQuantized(o: PeerOptions, types: readonly LlamaQuantType
     const m = await loadWeft(file, o, steps, say);
     dtype = m.runner.info().dtype;
     modelDesc = modelInfo(m.checkpoint);
-    const bytes = weightBytesPerStep(m.checkpoint, m.runner.info().dtype);
-    const bandwidthPct = (tokS: number): number => Math.round(((tokS * bytes) / (rooflines.read_gb_s * 1e9)) * 1000) / 10;
+    // Bytes a step reads: Weft's as it holds them (the amx set widens Q6_K), llama.cpp's as the file stores them.
+    const bytes = m.runner.info().weightBytes, fileBytes = fileMatrixBytes(m.checkpoint);
+    const bandwidthPct = (tokS: number, b: number): number => Math.round(((tokS * b) / (rooflines.read_gb_s * 1e9)) * 1000) / 10;
     const prefillPrompt = syntheticPrompts({ numPrompts: 1, promptLen: o.prefillLen, vocab: m.checkpoint.config.vocab, seed: 99 })[0]!;
     await runLevel(m, [prefillPrompt.slice(0, 16)], 2, 1, steps); // warm-up
     for (const n of o.concurrency) {
@@ -261,9 +263,10 @@ async function peerBenchQuantized(o: PeerOptions, types: readonly LlamaQuantType
       const calls = peer.tokensPerDecodeCall;
       const row = {
         quant: type, concurrency: n, weft_tok_s: weft.tokS, llama_cpp_tok_s: round2(peer.decodeTokensPerSecond),
-        ratio: round2(weft.tokS / peer.decodeTokensPerSecond), weight_mb_per_step: Math.round(bytes / 1e5) / 10,
-        weft_bandwidth_pct: n === 1 ? bandwidthPct(weft.tokS) : null,
-        llama_cpp_bandwidth_pct: n === 1 ? bandwidthPct(peer.decodeTokensPerSecond) : null,
+        ratio: round2(weft.tokS / peer.decodeTokensPerSecond),
+        weft_weight_mb_per_step: Math.round(bytes / 1e5) / 10, file_weight_mb_per_step: Math.round(fileBytes / 1e5) / 10,
+        weft_bandwidth_pct: n === 1 ? bandwidthPct(weft.tokS, bytes) : null,
+        llama_cpp_bandwidth_pct: n === 1 ? bandwidthPct(peer.decodeTokensPerSecond, fileBytes) : null,
         llama_cpp_tokens_per_decode_call: `${Math.min(...calls)}–${Math.max(...calls)}`,
       };
       decode.push(row);
@@ -279,7 +282,7 @@ async function peerBenchQuantized(o: PeerOptions, types: readonly LlamaQuantType
     machine: machineInfo(), rooflines, model: { preset: o.preset, ...modelDesc! }, dtype, files: Object.fromEntries(types.map((t, i) => [t, files[i]])),
     workload: {
       prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen,
-      note: "decode tok/s = tokens after each sequence's first / decode-phase time; bandwidth % = one sequence's tok/s × weight bytes per step / measured read bandwidth",
+      note: "decode tok/s = tokens after each sequence's first / decode-phase time; bandwidth % = one sequence's tok/s × weight bytes per step (Weft's as it holds them, llama.cpp's as the file stores them) / measured read bandwidth",
     },
     decode, prefill,
   };

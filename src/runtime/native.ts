@@ -176,6 +176,8 @@ export interface NativeModelInfo {
   isa: KernelSet;
   threads: number;
   kvCacheBytes: number;
+  /** Bytes of the weight matrices as held (packed for the kernel set, or bf16 on cuda): what one decode step reads. */
+  weightBytes: number;
   dtype: ComputeDtype;
   kvCacheDtype: KvCacheDtype;
 }
