@@ -20,13 +20,7 @@ namespace {
 
 constexpr int kCols = kPanelCols;  // output columns per panel: one per 32-bit lane (a B tile's 4-byte columns)
 template <DType D>
-constexpr int kUnitBytes = D == DType::Q8_0   ? q8panel::kUnit
-                           : D == DType::Q4_0 ? q40panel::kUnit
-                           : D == DType::Q4_1 ? q41panel::kUnit
-                           : D == DType::Q4_K ? q4kpanel::kUnit
-                           : D == DType::Q5_K ? q5kpanel::kUnit
-                           : D == DType::Q6_K ? q6kpanel::kUnit
-                                              : q6kwpanel::kUnit;
+constexpr int kUnitBytes = panelUnitBytes(D);
 // Unsigned values with a min term per block (the others are signed, or read with an offset).
 template <DType D>
 constexpr bool kHasMins = D == DType::Q4_1 || D == DType::Q4_K || D == DType::Q5_K;

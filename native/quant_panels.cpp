@@ -60,19 +60,14 @@ void packUnit(DType panel, const uint8_t* src, uint8_t* unit, int c) {
 
 }  // namespace
 
-size_t panelUnitBytes(DType panel) {
-  return panel == DType::Q6_KW ? q6kwpanel::kUnit : tensorBytes(panel, kPanelCols, blockElems(panel));
-}
-
-size_t panelBytes(DType panel, int N, int K) {
-  const size_t panels = (static_cast<size_t>(N) + kPanelCols - 1) / kPanelCols;
-  return panels * (K / blockElems(fileTypeOf(panel))) * panelUnitBytes(panel);
-}
+// The units' sizes above are the file's 16 blocks (Q6_KW's excepted).
+static_assert(q8panel::kUnit == 16 * 34 && q40panel::kUnit == 16 * 18 && q41panel::kUnit == 16 * 20);
+static_assert(q4kpanel::kUnit == 16 * 144 && q5kpanel::kUnit == 16 * 176 && q6kpanel::kUnit == 16 * 210);
 
 void packQuantPanels(DType panel, const uint8_t* src, int N, int K, uint8_t* dst) {
   const DType d = fileTypeOf(panel);
   const size_t rowBytes = tensorBytes(d, 1, K), unitBytes = panelUnitBytes(panel);
-  const int units = K / blockElems(d), panels = (N + kPanelCols - 1) / kPanelCols;
+  const int units = K / panelUnitInputs(panel), panels = (N + kPanelCols - 1) / kPanelCols;
   std::memset(dst, 0, panelBytes(panel, N, K));
 #pragma omp parallel for schedule(static)
   for (int p = 0; p < panels; p++)

@@ -56,10 +56,26 @@ constexpr int kD = 0, kScales = 32, kQ = 288, kUnit = 4384;
 
 // The panel type of a type-d matrix in a set that does (wideQ6) or does not widen Q6_K.
 inline DType panelTypeOf(DType d, bool wideQ6) { return d == DType::Q6_K && wideQ6 ? DType::Q6_KW : d; }
-// Bytes of one panel unit of panel type `panel` (16 columns × one block; K-quants: one superblock).
-size_t panelUnitBytes(DType panel);
+// Bytes of one panel unit of panel type `panel` (16 columns × one block; K-quants: one superblock),
+// and the inputs it covers. Inline: the kernels ask for a panel's bytes for every panel they read.
+constexpr int panelUnitBytes(DType panel) {
+  switch (panel) {
+    case DType::Q8_0: return q8panel::kUnit;
+    case DType::Q4_0: return q40panel::kUnit;
+    case DType::Q4_1: return q41panel::kUnit;
+    case DType::Q4_K: return q4kpanel::kUnit;
+    case DType::Q5_K: return q5kpanel::kUnit;
+    case DType::Q6_K: return q6kpanel::kUnit;
+    default: return q6kwpanel::kUnit;
+  }
+}
+constexpr int panelUnitInputs(DType panel) {
+  return panel == DType::Q8_0 || panel == DType::Q4_0 || panel == DType::Q4_1 ? 32 : 256;
+}
 // Bytes of an (N × K) matrix in panels of type `panel`: N rounded up to whole panels.
-size_t panelBytes(DType panel, int N, int K);
+constexpr size_t panelBytes(DType panel, int N, int K) {
+  return (static_cast<size_t>(N) + kPanelCols - 1) / kPanelCols * (K / panelUnitInputs(panel)) * panelUnitBytes(panel);
+}
 
 // The rows of `src` (N × K, ggml's block layout of the file's type) into panels at `dst` (panelBytes long).
 void packQuantPanels(DType panel, const uint8_t* src, int N, int K, uint8_t* dst);
