@@ -1,6 +1,6 @@
 // The VNNI lane kernel on the panels (quant_panels.h) of every block-quantized type (Q8_0,
-// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; panel types in quant_panels.h): the quantized matmul of the AVX-512 sets on CPUs with
-// AVX512-VNNI, and the amx set's for steps of few rows. Per panel of 16 output columns, up to
+// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, and the amx set's Q6_KW): the quantized matmul of the AVX-512
+// sets on CPUs with AVX512-VNNI, and the amx set's for steps of few rows. Per panel of 16 output columns, up to
 // four activation rows at a time: each VNNI row (one 4-input word of the 16 columns, decoded to
 // bytes by quant_panel_units.h) meets the row's 4 inputs broadcast in one vpdpbusd, so each lane
 // is one column's running sum and nothing is summed across lanes. A panel is read from memory

@@ -27,8 +27,8 @@ void grow(std::vector<float>& v, size_t n) {
 // Maps every page of [mem, mem + bytes) now, two threads at a time: the first write to a page
 // costs a fault and its zeroing (on the VMs measured, 1.2-2.4 s a GiB, the host backing the
 // page too), which a lazily mapped pool paid inside the steps that first reached each block
-// (`bench offline --concurrency 32`, bf16 qwen3-0.6b shape: decode 329-332 -> 352-353 tok/s,
-// prefill 900-988 -> 1074-1089). llama.cpp clears its KV buffer at creation for the same
+// (`bench offline --concurrency 32`, bf16 qwen3-0.6b shape: decode 329-332 -> 345-355 tok/s,
+// prefill 900-988 -> 1061-1089). llama.cpp clears its KV buffer at creation for the same
 // effect. False when the memory is not there (MADV_POPULATE_WRITE's ENOMEM).
 bool makeResident(void* mem, size_t bytes) {
 #ifndef MADV_POPULATE_WRITE
