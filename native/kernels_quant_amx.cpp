@@ -1,8 +1,8 @@
 // AMX-INT8 tiles for block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K): the amx
 // set's quantized matmul, on the matrices it holds in VNNI panels (quant_panels.h; Q6_K as
-// Q6_KW). Per panel of 16 output columns and group of inputs (32; Q6_K: 16, one per scale), a B
-// tile is the weights' VNNI rows (Q8_0's and Q6_KW's as they lie, the 4- and 5-bit types' and a
-// compact Q6_K panel's unpacked to bytes once per panel), an A tile 16 activation rows' int8
+// Q6_KW). Per panel of 16 output columns and group of inputs (32; Q6_KW: 16, one per scale), a B
+// tile is the weights' VNNI rows (Q8_0's and Q6_KW's as they lie, the 4- and 5-bit types'
+// unpacked to bytes once per panel), an A tile 16 activation rows' int8
 // quants, and one TDPBSSD/TDPBSUD gives each (row, column) the exact int32 sum of its group; then
 // the fp32 operations in the order kernels_quant_panels.cpp spells out, so the tiles give the lane
 // kernel's bits. Steps of fewer rows than tileRowsFrom take the lane kernel. A tile computes each
@@ -28,8 +28,8 @@ namespace {
 
 constexpr int kToks = 16;  // activation rows per A tile
 constexpr int kQ6KGroups = 16;  // Q6_K groups (of 16 inputs, one scale each) per superblock
-// The inputs of one tile product: those sharing a weight scale (Q6_K: 16, the others 32).
-constexpr int groupBytesOf(DType d) { return d == DType::Q6_K || d == DType::Q6_KW ? kQBlock / 2 : kQBlock; }
+// The inputs of one tile product: those sharing a weight scale (Q6_KW: 16, the others 32).
+constexpr int groupBytesOf(DType d) { return d == DType::Q6_KW ? kQBlock / 2 : kQBlock; }
 template <DType D>
 constexpr int kGroupBytesOf = groupBytesOf(D);
 
@@ -419,7 +419,6 @@ void tileRows(DType d, const Panel& p, const ActTiles& xt, int T, float* y, int 
     case DType::Q4_1: eachUnpacked(unpacked<DType::Q4_1>(p, xt.nb, k), true); break;
     case DType::Q4_K: eachUnpacked(unpacked<DType::Q4_K>(p, xt.nb, k), true); break;
     case DType::Q5_K: eachUnpacked(unpacked<DType::Q5_K>(p, xt.nb, k), true); break;
-    case DType::Q6_K: eachUnpacked(unpacked<DType::Q6_K>(p, xt.nb, k), false); break;
     case DType::Q6_KW:
       q6Scales(p, xt.nb / kBlocksPerUnit<DType::Q6_KW>, k.scale);
       each(Q6Source{p, k.scale.data()}, nullptr);

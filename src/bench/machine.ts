@@ -1,7 +1,7 @@
 /** What a benchmark ran on: stated with every result. */
 import fs from "node:fs";
 import os from "node:os";
-import { loadNative, type ComputeDtype, type NativeModelInfo } from "../runtime/native.js";
+import { loadNative, type ComputeDtype, type NativeModelInfo, type NativeTensor } from "../runtime/native.js";
 import type { Checkpoint } from "../model/checkpoint.js";
 
 export interface MachineInfo {
@@ -64,16 +64,19 @@ export async function measureRooflines(): Promise<Rooflines> {
   return { read_gb_s: round(r.readBytesPerSecond), fp32_gflops: round(r.fp32Flops), bf16_dot_gflops: round(r.bf16DotFlops), amx_gflops: round(r.amxFlops) };
 }
 
+/** The matrices a decode step reads: the output projection and every layer's linear layers. */
+function stepMatrices(c: Checkpoint): NativeTensor[] {
+  return [c.weights.lmHead, ...c.weights.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])];
+}
+
 /** Multiply-adds per token in the linear layers and the output projection. */
 export function matmulParams(c: Checkpoint): number {
-  const matrices = [c.weights.lmHead, ...c.weights.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])];
-  return matrices.reduce((n, t) => n + t.shape[0]! * t.shape[1]!, 0);
+  return stepMatrices(c).reduce((n, t) => n + t.shape[0]! * t.shape[1]!, 0);
 }
 
 /** The matrices' bytes as the file stores them: what a peer reading the file in place streams a step. */
 export function fileMatrixBytes(c: Checkpoint): number {
-  const matrices = [...new Set([c.weights.lmHead, ...c.weights.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])])];
-  return matrices.reduce((n, t) => n + t.byteLength, 0);
+  return stepMatrices(c).reduce((n, t) => n + t.byteLength, 0);
 }
 
 /** The compute peak that binds a matmul: the unit the kernels use in this mode. */
