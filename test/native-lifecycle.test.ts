@@ -5,6 +5,7 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { FIXTURES, ROOT, tempDir } from "./helpers.js";
+import { fileMatrixBytes, stepMatrices } from "../src/bench/machine.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { ModelRunner, type RunnerSampling, type RunnerSequence } from "../src/runtime/model-runner.js";
 
@@ -139,10 +140,8 @@ test("the KV pool is resident once loaded (no step pays its pages' first faults)
 
 test("info().weightBytes is the bytes a decode step reads: the matrices as held", async () => {
   const ckpt = loadCheckpoint(TINY);
-  const w = ckpt.weights;
-  const matrices = [...new Set([w.lmHead, ...w.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])])];
-  const stored = matrices.reduce((n, t) => n + t.byteLength, 0);
-  const asBf16 = matrices.reduce((n, t) => n + t.shape[0]! * t.shape[1]! * 2, 0);
+  const stored = fileMatrixBytes(ckpt);
+  const asBf16 = stepMatrices(ckpt).reduce((n, t) => n + t.shape[0]! * t.shape[1]! * 2, 0);
   for (const [dtype, bytes] of [["float32", stored], ["bfloat16", asBf16]] as const) {
     const runner = await ModelRunner.create(ckpt, { numBlocks: 8, blockSize: 16 }, dtype);
     // Packed rows are padded to the kernel set's chunk (hidden 48 here), which the kernels stream too.

@@ -65,7 +65,7 @@ export async function measureRooflines(): Promise<Rooflines> {
 }
 
 /** The matrices a decode step reads: the output projection and every layer's linear layers. */
-function stepMatrices(c: Checkpoint): NativeTensor[] {
+export function stepMatrices(c: Checkpoint): NativeTensor[] {
   return [c.weights.lmHead, ...c.weights.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])];
 }
 
