@@ -200,20 +200,46 @@ inline __m256 loadKv(const KvElem<D>* p, int lanes, __m256i mask) {
   }
 }
 
+// Eight cached K/V elements, widened exactly to fp32 (an fp32 row by a plain load).
+template <DType D>
+inline __m256 loadKv8(const KvElem<D>* p) {
+  if constexpr (D == DType::F32) return _mm256_loadu_ps(p);
+  else return loadKv<D>(p, 8, _mm256_set1_epi32(-1));
+}
+
+// KV 8-key vectors per pass (KV · 8 keys of the block), so that each query runs KV independent
+// FMA chains: with one 8-key vector a query's chain of hd dependent FMAs bound the loop by the
+// FMA's latency. Up to two queries take 4 vectors (a 32-token block's row), more take 2, so
+// that NQ · KV accumulators and the KV loaded keys fit the 16 registers. A score still sums
+// its dimensions in order.
 template <DType D, int NQ>
 void scoresN(const float* const* qs, const KvElem<D>* kt, const void* ahead, int stride, int hd, int n, float scale, float* const* out) {
+  constexpr int KV = NQ <= 2 ? 4 : 2;
   const __m256 sv = _mm256_set1_ps(scale);
-  for (int j = 0; j < n; j += 8) {
-    const int lanes = n - j >= 8 ? 8 : n - j;
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256 acc[NQ];
-    for (int q = 0; q < NQ; q++) acc[q] = _mm256_setzero_ps();
+  for (int j = 0; j < n; j += 8 * KV) {
+    int lanes[KV];
+    __m256i m[KV];
+    for (int v = 0; v < KV; v++) {
+      const int left = n - j - 8 * v;
+      lanes[v] = left >= 8 ? 8 : left > 0 ? left : 0;
+      m[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes[v]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    }
+    __m256 acc[NQ][KV];
+    for (int q = 0; q < NQ; q++)
+      for (int v = 0; v < KV; v++) acc[q][v] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d++) {
       if (j == 0 && ahead) prefetchRow<D>(static_cast<const KvElem<D>*>(ahead) + static_cast<size_t>(d) * stride, stride);
-      const __m256 k = loadKv<D>(kt + static_cast<size_t>(d) * stride + j, lanes, m);
-      for (int q = 0; q < NQ; q++) acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qs[q][d]), k, acc[q]);
+      const KvElem<D>* row = kt + static_cast<size_t>(d) * stride + j;
+      __m256 k[KV];
+      for (int v = 0; v < KV; v++) k[v] = lanes[v] == 8 ? loadKv8<D>(row + 8 * v) : loadKv<D>(row + 8 * v, lanes[v], m[v]);
+      for (int q = 0; q < NQ; q++) {
+        const __m256 qd = _mm256_set1_ps(qs[q][d]);
+        for (int v = 0; v < KV; v++) acc[q][v] = _mm256_fmadd_ps(qd, k[v], acc[q][v]);
+      }
     }
-    for (int q = 0; q < NQ; q++) _mm256_maskstore_ps(out[q] + j, m, _mm256_mul_ps(acc[q], sv));
+    for (int q = 0; q < NQ; q++)
+      for (int v = 0; v < KV; v++)
+        if (lanes[v] > 0) _mm256_maskstore_ps(out[q] + j + 8 * v, m[v], _mm256_mul_ps(acc[q][v], sv));
   }
 }
 
@@ -238,15 +264,64 @@ void axpyKv(float alpha, const KvElem<D>* x, float* y, int n) {
   }
 }
 
+// NQ queries' outputs over keys [j0, j1) for NV 8-float vectors of dimensions from d0, the
+// accumulators in registers (where one axpy a key loaded and stored every output vector for each
+// key); `acc` starts from outs unless fresh. Each element is the same FMA chain in key order.
+template <DType D, int NQ, int NV>
+inline void weightedSumRange(const float* const* ps, const KvElem<D>* const* vrows, int j0, int j1, int d0, float* const* outs, bool fresh) {
+  __m256 acc[NQ][NV];
+  for (int q = 0; q < NQ; q++)
+    for (int c = 0; c < NV; c++) acc[q][c] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[q] + d0 + 8 * c);
+  for (int j = j0; j < j1; j++) {
+    if (j + kVRowsAhead < j1) prefetchRow<D>(vrows[j + kVRowsAhead] + d0, NV * 8);
+    const KvElem<D>* v = vrows[j] + d0;
+    for (int c = 0; c < NV; c++) {
+      const __m256 vc = loadKv8<D>(v + 8 * c);
+      for (int q = 0; q < NQ; q++) acc[q][c] = _mm256_fmadd_ps(_mm256_set1_ps(ps[q][j]), vc, acc[q][c]);
+    }
+  }
+  for (int q = 0; q < NQ; q++)
+    for (int c = 0; c < NV; c++) _mm256_storeu_ps(outs[q] + d0 + 8 * c, acc[q][c]);
+}
+
+// Up to 32 dimensions at a time (4 vectors × up to 3 queries: 12 of the 16 registers).
+template <DType D, int NQ>
+void weightedSumRun(const float* const* ps, const KvElem<D>* const* vrows, int j0, int j1, int d0, int dims, float* const* outs, bool fresh) {
+  switch (dims / 8) {
+    case 4: return weightedSumRange<D, NQ, 4>(ps, vrows, j0, j1, d0, outs, fresh);
+    case 3: return weightedSumRange<D, NQ, 3>(ps, vrows, j0, j1, d0, outs, fresh);
+    case 2: return weightedSumRange<D, NQ, 2>(ps, vrows, j0, j1, d0, outs, fresh);
+    default: return weightedSumRange<D, NQ, 1>(ps, vrows, j0, j1, d0, outs, fresh);
+  }
+}
+
+// Keys every query has are done for all at once (each V vector loaded once for them); each
+// query then finishes its own remaining keys. A head size that is not a multiple of 8 takes one
+// axpy a key (its scalar tail), as before.
 template <DType D>
 void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvElem<D>* const* vrows, int hd, float* const* outs) {
-  for (int q = 0; q < nq; q++) {
-    float* o = outs[q];
-    for (int d = 0; d < hd; d++) o[d] = 0.0f;
-    for (int j = 0; j < ns[q]; j++) {
-      if (j + kVRowsAhead < ns[q]) prefetchRow<D>(vrows[j + kVRowsAhead], hd);
-      axpyKv<D>(ps[q][j], vrows[j], o, hd);
+  if (hd % 8 != 0) {
+    for (int q = 0; q < nq; q++) {
+      float* o = outs[q];
+      for (int d = 0; d < hd; d++) o[d] = 0.0f;
+      for (int j = 0; j < ns[q]; j++) {
+        if (j + kVRowsAhead < ns[q]) prefetchRow<D>(vrows[j + kVRowsAhead], hd);
+        axpyKv<D>(ps[q][j], vrows[j], o, hd);
+      }
     }
+    return;
+  }
+  int common = ns[0];
+  for (int q = 1; q < nq; q++) common = ns[q] < common ? ns[q] : common;
+  for (int d0 = 0; d0 < hd; d0 += 32) {
+    const int dims = hd - d0 < 32 ? hd - d0 : 32;
+    switch (nq) {
+      case 3: weightedSumRun<D, 3>(ps, vrows, 0, common, d0, dims, outs, true); break;
+      case 2: weightedSumRun<D, 2>(ps, vrows, 0, common, d0, dims, outs, true); break;
+      default: weightedSumRun<D, 1>(ps, vrows, 0, common, d0, dims, outs, true); break;
+    }
+    for (int q = 0; q < nq; q++)
+      if (ns[q] > common) weightedSumRun<D, 1>(ps + q, vrows, common, ns[q], d0, dims, outs + q, false);
   }
 }
 
