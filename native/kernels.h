@@ -138,6 +138,26 @@ using ScoresFn = void (*)(const float* const* qs, int nq, const float* kt, const
 // chain of FMAs in key order, as an axpy per key would compute it. The vector
 // kernels prefetch the row kVRowsAhead keys on (rows are scattered by block).
 using WeightedSumFn = void (*)(const float* const* ps, const int* ns, int nq, const float* const* vrows, int hd, float* const* outs);
+// How a vector set's WeightedSumFn walks its keys: in runs of at most `width` dimensions, the keys
+// every query has for all of them at once (each V vector loaded once for all), then each query's
+// own remaining keys. run(nq, ps, j0, j1, d0, dims, outs, fresh), nq a std::integral_constant
+// (1–3, as the caller's groups), accumulates keys [j0, j1) onto outs (from zero where fresh).
+// Either way an output element sees its FMAs in key order.
+template <class Run>
+inline void weightedSumRuns(const float* const* ps, const int* ns, int nq, int hd, int width, float* const* outs, Run run) {
+  int common = ns[0];
+  for (int q = 1; q < nq; q++) common = ns[q] < common ? ns[q] : common;
+  for (int d0 = 0; d0 < hd; d0 += width) {
+    const int dims = hd - d0 < width ? hd - d0 : width;
+    switch (nq) {
+      case 3: run(std::integral_constant<int, 3>{}, ps, 0, common, d0, dims, outs, true); break;
+      case 2: run(std::integral_constant<int, 2>{}, ps, 0, common, d0, dims, outs, true); break;
+      default: run(std::integral_constant<int, 1>{}, ps, 0, common, d0, dims, outs, true); break;
+    }
+    for (int q = 0; q < nq; q++)
+      if (ns[q] > common) run(std::integral_constant<int, 1>{}, ps + q, common, ns[q], d0, dims, outs + q, false);
+  }
+}
 // A bf16/f16 KV cache: ScoresFn and WeightedSumFn over 16-bit elements of type `kv`, each
 // widened exactly to fp32 in registers, then reduced in the same order as the fp32 kernels
 // (so a row's result is as independent of its batch as with an fp32 cache).

@@ -295,8 +295,7 @@ void weightedSumRun(const float* const* ps, const KvElem<D>* const* vrows, int j
   }
 }
 
-// Keys every query has are done for all at once (each V vector loaded once for them); each
-// query then finishes its own remaining keys. A head size that is not a multiple of 8 takes one
+// Runs of 32 dimensions (weightedSumRuns). A head size that is not a multiple of 8 takes one
 // axpy a key (its scalar tail), as before.
 template <DType D>
 void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvElem<D>* const* vrows, int hd, float* const* outs) {
@@ -311,18 +310,9 @@ void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvEle
     }
     return;
   }
-  int common = ns[0];
-  for (int q = 1; q < nq; q++) common = ns[q] < common ? ns[q] : common;
-  for (int d0 = 0; d0 < hd; d0 += 32) {
-    const int dims = hd - d0 < 32 ? hd - d0 : 32;
-    switch (nq) {
-      case 3: weightedSumRun<D, 3>(ps, vrows, 0, common, d0, dims, outs, true); break;
-      case 2: weightedSumRun<D, 2>(ps, vrows, 0, common, d0, dims, outs, true); break;
-      default: weightedSumRun<D, 1>(ps, vrows, 0, common, d0, dims, outs, true); break;
-    }
-    for (int q = 0; q < nq; q++)
-      if (ns[q] > common) weightedSumRun<D, 1>(ps + q, vrows, common, ns[q], d0, dims, outs + q, false);
-  }
+  weightedSumRuns(ps, ns, nq, hd, 32, outs, [vrows](auto q, const float* const* p, int j0, int j1, int d0, int dims, float* const* o, bool fresh) {
+    weightedSumRun<D, decltype(q)::value>(p, vrows, j0, j1, d0, dims, o, fresh);
+  });
 }
 
 void scoresHalf(const float* const* qs, int nq, const uint16_t* kt, const void* ahead, DType kv, int stride, int hd, int n, float scale,

@@ -235,22 +235,12 @@ void weightedSumRun(const float* const* ps, const KvElem<D>* const* vrows, int j
   }
 }
 
-// Keys every query has are done for all at once (registers shared); each query then finishes its
-// own remaining keys. Either way an output element sees its FMAs in key order.
+// Up to 8 vectors of output per query stay in registers: runs of 128 dimensions (weightedSumRuns).
 template <DType D>
 void weightedSumTyped(const float* const* ps, const int* ns, int nq, const KvElem<D>* const* vrows, int hd, float* const* outs) {
-  int common = ns[0];
-  for (int q = 1; q < nq; q++) common = ns[q] < common ? ns[q] : common;
-  for (int d0 = 0; d0 < hd; d0 += 128) {  // up to 8 vectors of output per query stay in registers
-    const int dims = hd - d0 < 128 ? hd - d0 : 128;
-    switch (nq) {
-      case 3: weightedSumRun<D, 3>(ps, vrows, 0, common, d0, dims, outs, true); break;
-      case 2: weightedSumRun<D, 2>(ps, vrows, 0, common, d0, dims, outs, true); break;
-      default: weightedSumRun<D, 1>(ps, vrows, 0, common, d0, dims, outs, true); break;
-    }
-    for (int q = 0; q < nq; q++)
-      if (ns[q] > common) weightedSumRun<D, 1>(ps + q, vrows, common, ns[q], d0, dims, outs + q, false);
-  }
+  weightedSumRuns(ps, ns, nq, hd, 128, outs, [vrows](auto q, const float* const* p, int j0, int j1, int d0, int dims, float* const* o, bool fresh) {
+    weightedSumRun<D, decltype(q)::value>(p, vrows, j0, j1, d0, dims, o, fresh);
+  });
 }
 
 // Two 16-key vectors per dimension (a 32-key block's whole row of a dimension), so each query

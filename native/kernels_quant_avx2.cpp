@@ -1,7 +1,8 @@
 // The quantized matmul with integer dot products for AVX2, in the order quant.h fixes
 // (bit-identical to the scalar code): 256-bit, one panel column per vector; a lane's 4
 // products summed by vpmaddubsw + vpmaddwd on |w| and x with w's sign, where |w| ≤ 128
-// and |x| ≤ 127 keep the 16-bit pair sums from saturating.
+// and |x| ≤ 127 keep the 16-bit pair sums from saturating (on w and x as they are for the
+// types whose unpacked weights are never negative: see dot).
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
