@@ -3,18 +3,19 @@
 // part binds: per group of 32 inputs, two row tiles' A loads, one B load, two zeroed C tiles and
 // two TDPBSSDs; the previous group's two tile stores; and the scaling of the group two back
 // (sixteen rows each of load, convert, multiply and FMA, the second tile's accumulators in L1).
-// Not part of the addon or the tests; the data are arbitrary (the sums are not checked).
-//   g++ -O2 -std=c++17 -march=sapphirerapids -Inative -o /tmp/amx-group-timing native/tools/amx-group-timing.cpp
+// Not part of the addon or the tests; the data are arbitrary (the sums are not checked). Build after
+// the addon (it links the addon's own objects, for cpuFeatures: the CPU check and Linux's AMX grant):
+//   O=build/Release/obj.target/weft_native/native
+//   g++ -O2 -std=c++17 -fopenmp -march=sapphirerapids -Inative -o /tmp/amx-group-timing native/tools/amx-group-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o
 // Usage: amx-group-timing [all|amx|amx-stores|stores-no-zero|scaling]
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include "amx_tiles.h"
+#include "kernels.h"
 
 using namespace weft;
 
@@ -112,9 +113,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: %s [all|amx|amx-stores|stores-no-zero|scaling]\n", argv[0]);
     return 1;
   }
-  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) != 0) {
-    fprintf(stderr, "AMX is not available to this process\n");
+  if (!cpuFeatures().amx) {
+    fprintf(stderr, "AMX is not available here (the CPU lacks it, or Linux refused the tile state)\n");
     return 1;
   }
   for (int i = 0; i < 2 * kGroups; i++) std::memset(a[i], i, sizeof a[i]);
