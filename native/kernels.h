@@ -78,6 +78,12 @@ using MatmulFn = void (*)(const float* xp, int T, const PackedMatrix& w, float* 
 // by FMAs, then acc += (even + odd) — what TDPBF16PS does on the CPUs we have
 // measured. Either way the order is fixed per output: batch-invariant.
 using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
+// float32 mode on bf16 pair tiles: y[t, n] = Σ_k x[t, k] · w[n, k] for the column tiles
+// [g0, g1), all rows t < T, with x the fp32 rows as they are (T × Kp, zero padded) and the
+// bf16 weights widened exactly; each output reduced in pair order, as MatmulBf16Fn. A set
+// that has one (its float32 tile is short of FMA work per widened weight) gets its bf16
+// matrices packed as pair tiles in float32 mode too.
+using MatmulPairsF32Fn = void (*)(const float* x, int T, const PackedMatrix& w, float* y, int g0, int g1);
 // Block-quantized weights (w.dtype Q8_0 … Q6_K, rows kept in ggml's block layout):
 // y[t, n] = Σ_k x[t, k] · w[n, k] for the columns [n0, n1), all rows t < T, with `x`
 // the rows quantized to int8 per 32-element block (quantizeActivations). Each
@@ -213,6 +219,8 @@ struct Kernels {
   // Whether matmulQuant reads block-quantized matrices in VNNI panels, packed at load.
   bool quantPanels() const { return readsQuantPanels(matmulQuant); }
   bool wideQ6Panels() const { return widensQ6Panels(matmulQuant); }
+  // float32 mode on bf16 pair tiles, where the set reads bf16 weights so (nullptr: groups).
+  MatmulPairsF32Fn matmulPairsF32 = nullptr;
   // MLX affine weights, chosen from the set's name in the same way.
   MatmulMlxFn matmulMlx = mlxMatmulFor(name);
 };

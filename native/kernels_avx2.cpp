@@ -132,6 +132,88 @@ void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int 
   }
 }
 
+// float32 mode on bf16 pair tiles (see MatmulPairsF32Fn): tileBf16's sequence with the rows'
+// fp32 values broadcast. R rows × G adjacent tiles: many rows share each widened weight
+// vector (a batch), or one row runs G tiles' chains side by side (decode), so the FMA
+// pipes always have eight independent chains. Each output is still one chain in pair order.
+template <int R, int G>
+inline void tilePairsF32(const float* x, int T0, const PackedMatrix& w, int g, float* y) {
+  __m256 acc[2 * R * G];
+#pragma GCC unroll 16
+  for (int i = 0; i < 2 * R * G; i++) acc[i] = _mm256_setzero_ps();
+  const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
+  const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols;
+  const float* xr = x + static_cast<size_t>(T0) * w.Kp;
+  const __m256i hiMask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int k = 0; k < w.Kp; k += 2, wg += 2 * kTileCols, xr += 2) {
+#pragma GCC unroll 8
+    for (int j = 0; j < G; j++) {
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + j * tileStride));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + j * tileStride + 16));
+      const __m256 odd0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hiMask)), even0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+      const __m256 odd1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hiMask)), even1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) {
+        const __m256 xo = _mm256_broadcast_ss(xr + r * w.Kp + 1), xe = _mm256_broadcast_ss(xr + r * w.Kp);
+        __m256& a0 = acc[2 * (r * G + j)];
+        __m256& a1 = acc[2 * (r * G + j) + 1];
+        a0 = _mm256_fmadd_ps(xe, even0, _mm256_fmadd_ps(xo, odd0, a0));
+        a1 = _mm256_fmadd_ps(xe, even1, _mm256_fmadd_ps(xo, odd1, a1));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < G; j++) {
+    const int at = (g + j) * kTileCols, cols = w.N - at < kTileCols ? w.N - at : kTileCols;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      float* yr = y + static_cast<size_t>(T0 + r) * w.N + at;
+      if (cols == kTileCols) {
+        _mm256_storeu_ps(yr, acc[2 * (r * G + j)]);
+        _mm256_storeu_ps(yr + 8, acc[2 * (r * G + j) + 1]);
+        continue;
+      }
+      alignas(32) float out[kTileCols];
+      _mm256_store_ps(out, acc[2 * (r * G + j)]);
+      _mm256_store_ps(out + 8, acc[2 * (r * G + j) + 1]);
+      for (int c = 0; c < cols; c++) yr[c] = out[c];
+    }
+  }
+}
+
+// The column tiles [g0, g1) for rows [t, t + R), G tiles at a time, the rest one by one.
+template <int R, int G>
+void columnsPairsF32(const float* x, int t, const PackedMatrix& w, float* y, int g0, int g1) {
+  int g = g0;
+  for (; g + G <= g1; g += G) tilePairsF32<R, G>(x, t, w, g, y);
+  for (; g < g1; g++) tilePairsF32<R, 1>(x, t, w, g, y);
+}
+
+// One or two rows take several column tiles at once to have eight chains; three or more rows
+// go in blocks of at most 64 (their x stays in L2 while each column tile is read once a
+// block), each split into row tiles of as even a size as lets none exceed five (five rows ×
+// two vectors of accumulators, four widened weight vectors and two broadcasts fill the 16
+// registers); a tile's weights are widened once for all of its rows.
+void matmulPairsF32(const float* x, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  if (T == 1) return columnsPairsF32<1, 4>(x, 0, w, y, g0, g1);
+  if (T == 2) return columnsPairsF32<2, 2>(x, 0, w, y, g0, g1);
+  constexpr int kRowBlock = 64, kMaxRows = 5;
+  const int blocks = (T + kRowBlock - 1) / kRowBlock;
+  for (int b = 0; b < blocks; b++) {
+    const int tb = T * b / blocks, te = T * (b + 1) / blocks;
+    const int tiles = (te - tb + kMaxRows - 1) / kMaxRows;
+    for (int g = g0; g < g1; g++)
+      for (int i = 0; i < tiles; i++) {
+        const int t0 = tb + (te - tb) * i / tiles, rows = tb + (te - tb) * (i + 1) / tiles - t0;
+        switch (rows) {
+          case 5: tilePairsF32<5, 1>(x, t0, w, g, y); break;
+          case 4: tilePairsF32<4, 1>(x, t0, w, g, y); break;
+          default: tilePairsF32<3, 1>(x, t0, w, g, y); break;
+        }
+      }
+  }
+}
+
 void axpy(float alpha, const float* x, float* y, int n) {
   __m256 av = _mm256_set1_ps(alpha);
   int nv = n & ~7;
@@ -352,6 +434,7 @@ const Kernels& kernelsAvx2() {
     s.scoresHalf = scoresHalf;
     s.weightedSumHalf = weightedSumHalf;
     s.roundBf16 = roundBf16;
+    s.matmulPairsF32 = matmulPairsF32;
     return s;
   }();
   return k;

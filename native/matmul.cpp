@@ -62,6 +62,19 @@ void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedM
   perThreadRuns(w.Np / kTileCols, [&](int g0, int g1) { k.matmulBf16(xp, T, w, y, g0, g1); });
 }
 
+void matmulPairsF32(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
+  if (w.K != w.Kp) {
+    if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
+    for (int t = 0; t < T; t++) {
+      float* o = scratch.data() + static_cast<size_t>(t) * w.Kp;
+      std::copy(x + static_cast<size_t>(t) * w.K, x + static_cast<size_t>(t + 1) * w.K, o);
+      std::fill(o + w.K, o + w.Kp, 0.0f);
+    }
+    x = scratch.data();
+  }
+  perThreadRuns(w.Np / kTileCols, [&](int g0, int g1) { k.matmulPairsF32(x, T, w, y, g0, g1); });
+}
+
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
   matmulQuantizedShared(k, x, T, {{&w, y}});
 }

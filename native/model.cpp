@@ -70,7 +70,9 @@ Model::Model(ModelConfig config, Weights weights)
   auto pack = [this](const Tensor& t) {  // quantized weights stay quantized in either compute mode
     if (isMlx(t.dtype)) return store_.packMlx(t);
     if (isQuantized(t.dtype)) return store_.packQuantized(t, k_);
-    return cfg_.bf16 ? store_.packPairTiles(t) : store_.pack(t, k_.chunk);
+    // bf16 weights read in pair tiles by float32 mode too where the set has that kernel (exact: no rounding)
+    const bool pairs = cfg_.bf16 || (t.dtype == DType::BF16 && k_.matmulPairsF32);
+    return pairs ? store_.packPairTiles(t) : store_.pack(t, k_.chunk);
   };
   for (const LayerWeights& L : w_.layers) {
     packed_.push_back({pack(L.wq), pack(L.wk), pack(L.wv), pack(L.wo), pack(L.gate), pack(L.up), pack(L.down),
@@ -113,7 +115,8 @@ Profile Model::takeProfile() {
 void Model::project(const float* x, int T, const PackedMatrix& w, float* y) {
   if (isMlx(w.dtype)) matmulMlx(k_, x, T, w, y);  // fp32 activations in both compute modes
   else if (isQuantized(w.dtype)) matmulQuantized(k_, x, T, w, y);
-  else if (w.pairTiles) matmulBf16(k_, x, T, w, y, xbf16_);
+  else if (w.pairTiles && cfg_.bf16) matmulBf16(k_, x, T, w, y, xbf16_);
+  else if (w.pairTiles) matmulPairsF32(k_, x, T, w, y, xpack_);
   else matmulParallel(k_, x, T, w, y, xpack_);
 }
 
@@ -159,7 +162,7 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
     }
     return;
   }
-  bool shared = true;  // one packing serves all when the matrices agree on layout
+  bool shared = !first.pairTiles;  // one packing serves all when the matrices agree on layout (pair tiles read rows as they are)
   for (const Projection& p : outs) shared = shared && p.w->Kp == first.Kp && p.w->dtype == first.dtype;
   if (!shared) {
     rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);

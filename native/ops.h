@@ -20,6 +20,10 @@ void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, 
 // y = xp · wᵀ for bf16 rows already rounded (see packActivationsBf16), split across threads by column tiles.
 void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y);
 
+// float32 mode on pair tiles (k.matmulPairsF32): y = x · wᵀ, split across threads by column
+// tiles; rows whose K is short of w.Kp are padded with zeros into `scratch` first.
+void matmulPairsF32(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch);
+
 // RMSNorm written straight into the kernel layout of matrices like `w`:
 // normalizing and packing the activations in one pass (shared by q/k/v, gate/up).
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out);

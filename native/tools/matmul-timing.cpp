@@ -1,6 +1,7 @@
 // Times one matmul alone, as a step calls it on the active kernel set, on random weights of
 // one type and shape: bf16 (matmulPackedBf16 on rows already rounded: the bfloat16 mode's
-// matmul) or a quantized type (matmulQuantized: the activations quantized, then every column
+// matmul), f32-bf16 (bf16 weights in the float32 mode's groups, matmulPacked on rows already
+// packed: the float32 mode's matmul) or a quantized type (matmulQuantized: the activations quantized, then every column
 // split across the OpenMP threads). For kernel work: a step's profile shows the matmuls'
 // share, this shows one kernel's cost. COPIES matrices of that shape are called in turn, so
 // with enough of them (their bytes well past the caches) the weights stream from memory as in
@@ -8,7 +9,7 @@
 // addon or the tests. Build after the addon (it links the addon's own objects):
 //   O=build/Release/obj.target/weft_native/native
 //   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o
-// Usage: matmul-timing ROWS K N [bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply;
+// Usage: matmul-timing ROWS K N [bf16|f32-bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply;
 //   CALLS sets the calls per timing, 20 or COPIES by default: more for `perf record`)
 #include <sys/mman.h>
 #include <chrono>
@@ -61,22 +62,27 @@ uint8_t* randomWeights(DType dt, size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s ROWS K N [bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]\n", argv[0]);
+    fprintf(stderr, "usage: %s ROWS K N [bf16|f32-bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]\n", argv[0]);
     return 1;
   }
   const int T = atoi(argv[1]), K = atoi(argv[2]), N = atoi(argv[3]);
   const char* type = argc > 4 ? argv[4] : "q8_0";
   const int copies = argc > 5 ? atoi(argv[5]) : 1;
-  const DType dt = typeNamed(type);
-  const bool bf16 = dt == DType::BF16;
-  if (bf16 && (K % kTileK != 0 || N % kTileCols != 0)) {
+  const bool fp32 = strcmp(type, "f32-bf16") == 0, pairs = strcmp(type, "f32-pairs") == 0;
+  const DType dt = fp32 || pairs ? DType::BF16 : typeNamed(type);
+  const bool bf16 = dt == DType::BF16 && !fp32 && !pairs;
+  if ((bf16 || pairs) && (K % kTileK != 0 || N % kTileCols != 0)) {
     fprintf(stderr, "bf16: K must be a multiple of %d and N of %d\n", kTileK, kTileCols);
     return 1;
   }
   const Kernels& k = activeKernels();
-  const bool panels = k.quantPanels() && !bf16;  // held as the addon holds them (PackedStore::packQuantized)
+  if (fp32 && (K % k.chunk != 0 || N % kPackCols != 0)) {
+    fprintf(stderr, "f32-bf16: K must be a multiple of %d and N of %d\n", k.chunk, kPackCols);
+    return 1;
+  }
+  const bool panels = k.quantPanels() && dt != DType::BF16;  // held as the addon holds them (PackedStore::packQuantized)
   const DType panel = panelTypeOf(dt, k.wideQ6Panels());
-  const size_t bytes = bf16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(panel, N, K) : tensorBytes(dt, N, K);
+  const size_t bytes = dt == DType::BF16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(panel, N, K) : tensorBytes(dt, N, K);
   uint8_t* data = randomWeights(dt, bytes * copies);
   if (!data) {
     fprintf(stderr, "cannot allocate %zu bytes of weights\n", bytes * copies);
@@ -92,6 +98,7 @@ int main(int argc, char** argv) {
     ws[c].data = data + bytes * c;
     ws[c].dtype = dt;
     ws[c].panelType = panels ? panel : dt;
+    ws[c].pairTiles = bf16 || pairs;
     ws[c].N = ws[c].Np = N;
     ws[c].K = ws[c].Kp = K;
   }
@@ -101,8 +108,12 @@ int main(int argc, char** argv) {
   for (float& v : x) v = normal(rng);
   std::vector<uint16_t> xp(bf16 ? x.size() : 0);  // bf16: the rows rounded once, as a step's matmul input
   if (bf16) packActivationsBf16(k, x.data(), T, K, K, xp.data());
+  std::vector<float> xf(fp32 ? x.size() : 0);  // float32 mode: the rows packed once, as a step's matmul input
+  if (fp32) packActivations(x.data(), T, K, K, k.chunk, dt, xf.data());
   const auto call = [&](const PackedMatrix& w) {
-    if (bf16) matmulPackedBf16(k, xp.data(), T, w, y.data());
+    if (fp32) matmulPacked(k, xf.data(), T, w, y.data());
+    else if (pairs) matmulPairsF32(k, x.data(), T, w, y.data(), xf);
+    else if (bf16) matmulPackedBf16(k, xp.data(), T, w, y.data());
     else matmulQuantized(k, x.data(), T, w, y.data());
   };
   for (const PackedMatrix& w : ws) call(w);  // warm: pages touched, scratch grown, tiles requested
@@ -114,7 +125,8 @@ int main(int argc, char** argv) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
     // A unit of work: 16 output columns × 32 inputs × up to 16 rows (an AMX tile product).
     const double units = (N / 16.0) * (K / 32.0) * ((T + 15) / 16);
-    printf("  %.3f ms a call, %.1f ns per 16 x 32 x 16 unit, weights read at %.1f GB/s\n", s * 1e3, s * 1e9 / units, bytes / s / 1e9);
+    const double gflops = 2.0 * T * K * N / s / 1e9;
+    printf("  %.3f ms a call, %.1f ns per 16 x 32 x 16 unit, weights read at %.1f GB/s, %.1f GFLOP/s\n", s * 1e3, s * 1e9 / units, bytes / s / 1e9, gflops);
   }
   std::free(data);
   return 0;
