@@ -1,5 +1,6 @@
 // AVX2 inner loops for CPUs without AVX-512: 8 fp32 lanes, 16 registers.
 #include <immintrin.h>
+#include <cstring>
 #include "kernels.h"
 #include "vec_math.h"
 
@@ -86,64 +87,35 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
-// bfloat16 mode, pair order (see MatmulBf16Fn), by fp32 FMAs on widened values:
-// R rows × one 16-column tile; a 64-byte row of the tile (one input pair of 16
-// columns) is split into its odd and even halves, each widened exactly.
-template <int R>
-inline void tileBf16(const uint16_t* xp, int T0, const PackedMatrix& w, int g, float* y) {
-  __m256 acc[R][2];
-  for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
-  const __m256i hiMask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int p = 0; p < w.Kp / 2; p++) {
-    __m256 odd[2], even[2];
-    for (int h = 0; h < 2; h++) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + static_cast<size_t>(p) * 2 * kTileCols + 16 * h));
-      odd[h] = _mm256_castsi256_ps(_mm256_and_si256(v, hiMask));
-      even[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    }
-    for (int r = 0; r < R; r++) {
-      const uint16_t* x = xp + static_cast<size_t>(T0 + r) * w.Kp + 2 * p;
-      const __m256 xo = _mm256_set1_ps(bf16ToF32(x[1])), xe = _mm256_set1_ps(bf16ToF32(x[0]));
-      for (int h = 0; h < 2; h++) {
-        acc[r][h] = _mm256_fmadd_ps(xo, odd[h], acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(xe, even[h], acc[r][h]);
-      }
-    }
-  }
-  const int cols = w.N - g * kTileCols < kTileCols ? w.N - g * kTileCols : kTileCols;
-  for (int r = 0; r < R; r++) {
-    alignas(32) float out[kTileCols];
-    _mm256_store_ps(out, acc[r][0]);
-    _mm256_store_ps(out + 8, acc[r][1]);
-    for (int c = 0; c < cols; c++) y[static_cast<size_t>(T0 + r) * w.N + g * kTileCols + c] = out[c];
-  }
+// One input pair of row r as two broadcast fp32 vectors: fp32 rows (float32 mode) as they are,
+// bf16 rows (bfloat16 mode) widened exactly from one 32-bit load (the pair's two halves).
+inline void broadcastPair(const float* x, __m256& odd, __m256& even, __m256i) {
+  odd = _mm256_broadcast_ss(x + 1);
+  even = _mm256_broadcast_ss(x);
+}
+inline void broadcastPair(const uint16_t* x, __m256& odd, __m256& even, __m256i hiMask) {
+  int32_t pair;
+  std::memcpy(&pair, x, 4);
+  const __m256i v = _mm256_set1_epi32(pair);
+  odd = _mm256_castsi256_ps(_mm256_and_si256(v, hiMask));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
-  constexpr int kRowBlock = 64;
-  for (int tb = 0; tb < T; tb += kRowBlock) {
-    const int te = tb + kRowBlock < T ? tb + kRowBlock : T;
-    for (int g = g0; g < g1; g++) {
-      int t = tb;
-      for (; t + 3 <= te; t += 3) tileBf16<3>(xp, t, w, g, y);
-      for (; t < te; t++) tileBf16<1>(xp, t, w, g, y);
-    }
-  }
-}
-
-// float32 mode on bf16 pair tiles (see MatmulPairsF32Fn): tileBf16's sequence with the rows'
-// fp32 values broadcast. R rows × G adjacent tiles: many rows share each widened weight
-// vector (a batch), or one row runs G tiles' chains side by side (decode), so the FMA
-// pipes always have eight independent chains. Each output is still one chain in pair order.
-template <int R, int G>
-inline void tilePairsF32(const float* x, int T0, const PackedMatrix& w, int g, float* y) {
+// Pair tiles by fp32 FMAs on widened bf16 weights, in pair order (see MatmulBf16Fn): per pair,
+// acc += x[2p+1]·w[2p+1], then acc += x[2p]·w[2p]; a 64-byte row of a tile (one pair of 16
+// columns) is split into its odd and even halves, each widened exactly. R rows × G adjacent
+// tiles: many rows share each widened weight vector (a batch), or one row runs G tiles' chains
+// side by side (decode), so the FMA pipes always have eight independent chains. Each output is
+// one chain whatever R and G: batch-invariant. (Unrolled by pragma: else GCC keeps the
+// accumulator array in memory and stores it every pair.)
+template <class X, int R, int G>
+inline void tilePairs(const X* x, int T0, const PackedMatrix& w, int g, float* y) {
   __m256 acc[2 * R * G];
 #pragma GCC unroll 16
   for (int i = 0; i < 2 * R * G; i++) acc[i] = _mm256_setzero_ps();
   const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
   const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols;
-  const float* xr = x + static_cast<size_t>(T0) * w.Kp;
+  const X* xr = x + static_cast<size_t>(T0) * w.Kp;
   const __m256i hiMask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int k = 0; k < w.Kp; k += 2, wg += 2 * kTileCols, xr += 2) {
 #pragma GCC unroll 8
@@ -154,7 +126,8 @@ inline void tilePairsF32(const float* x, int T0, const PackedMatrix& w, int g, f
       const __m256 odd1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hiMask)), even1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++) {
-        const __m256 xo = _mm256_broadcast_ss(xr + r * w.Kp + 1), xe = _mm256_broadcast_ss(xr + r * w.Kp);
+        __m256 xo, xe;
+        broadcastPair(xr + r * w.Kp, xo, xe, hiMask);
         __m256& a0 = acc[2 * (r * G + j)];
         __m256& a1 = acc[2 * (r * G + j) + 1];
         a0 = _mm256_fmadd_ps(xe, even0, _mm256_fmadd_ps(xo, odd0, a0));
@@ -182,22 +155,24 @@ inline void tilePairsF32(const float* x, int T0, const PackedMatrix& w, int g, f
 }
 
 // The column tiles [g0, g1) for rows [t, t + R), G tiles at a time, the rest one by one.
-template <int R, int G>
-void columnsPairsF32(const float* x, int t, const PackedMatrix& w, float* y, int g0, int g1) {
+template <class X, int R, int G>
+void columnsPairs(const X* x, int t, const PackedMatrix& w, float* y, int g0, int g1) {
   int g = g0;
-  for (; g + G <= g1; g += G) tilePairsF32<R, G>(x, t, w, g, y);
-  for (; g < g1; g++) tilePairsF32<R, 1>(x, t, w, g, y);
+  for (; g + G <= g1; g += G) tilePairs<X, R, G>(x, t, w, g, y);
+  for (; g < g1; g++) tilePairs<X, R, 1>(x, t, w, g, y);
 }
 
 // One or two rows take several column tiles at once to have eight chains; three or more rows
 // go in blocks of at most 64 (their x stays in L2 while each column tile is read once a
-// block), each split into row tiles of as even a size as lets none exceed five (five rows ×
-// two vectors of accumulators, four widened weight vectors and two broadcasts fill the 16
-// registers); a tile's weights are widened once for all of its rows.
-void matmulPairsF32(const float* x, int T, const PackedMatrix& w, float* y, int g0, int g1) {
-  if (T == 1) return columnsPairsF32<1, 4>(x, 0, w, y, g0, g1);
-  if (T == 2) return columnsPairsF32<2, 2>(x, 0, w, y, g0, g1);
-  constexpr int kRowBlock = 64, kMaxRows = 5;
+// block), each split into row tiles of as even a size as lets none exceed five fp32 rows (five
+// rows × two vectors of accumulators, four widened weight vectors, the mask and two broadcasts
+// fill the 16 registers) or four bf16 rows (their broadcast needs one more; five spilled and
+// ran 26 % slower); a tile's weights are widened once for all of its rows.
+template <class X>
+void matmulPairs(const X* x, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  if (T == 1) return columnsPairs<X, 1, 4>(x, 0, w, y, g0, g1);
+  if (T == 2) return columnsPairs<X, 2, 2>(x, 0, w, y, g0, g1);
+  constexpr int kRowBlock = 64, kMaxRows = sizeof(X) == 4 ? 5 : 4;
   const int blocks = (T + kRowBlock - 1) / kRowBlock;
   for (int b = 0; b < blocks; b++) {
     const int tb = T * b / blocks, te = T * (b + 1) / blocks;
@@ -206,13 +181,16 @@ void matmulPairsF32(const float* x, int T, const PackedMatrix& w, float* y, int 
       for (int i = 0; i < tiles; i++) {
         const int t0 = tb + (te - tb) * i / tiles, rows = tb + (te - tb) * (i + 1) / tiles - t0;
         switch (rows) {
-          case 5: tilePairsF32<5, 1>(x, t0, w, g, y); break;
-          case 4: tilePairsF32<4, 1>(x, t0, w, g, y); break;
-          default: tilePairsF32<3, 1>(x, t0, w, g, y); break;
+          case 5: tilePairs<X, 5, 1>(x, t0, w, g, y); break;
+          case 4: tilePairs<X, 4, 1>(x, t0, w, g, y); break;
+          default: tilePairs<X, 3, 1>(x, t0, w, g, y); break;
         }
       }
   }
 }
+
+void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) { matmulPairs(xp, T, w, y, g0, g1); }
+void matmulPairsF32(const float* x, int T, const PackedMatrix& w, float* y, int g0, int g1) { matmulPairs(x, T, w, y, g0, g1); }
 
 void axpy(float alpha, const float* x, float* y, int n) {
   __m256 av = _mm256_set1_ps(alpha);
