@@ -1,7 +1,8 @@
 // Times one matmul alone, as a step calls it on the active kernel set, on random weights of
 // one type and shape: bf16 (matmulPackedBf16 on rows already rounded: the bfloat16 mode's
-// matmul), f32-bf16 (bf16 weights in the float32 mode's groups, matmulPacked on rows already
-// packed: the float32 mode's matmul) or a quantized type (matmulQuantized: the activations quantized, then every column
+// matmul), f32-bf16 (bf16 weights in the float32 mode's groups: matmulPacked on rows already
+// packed), f32-pairs (bf16 weights in pair tiles: matmulPairsF32, the float32 mode's matmul on
+// bf16 weights where the set has it) or a quantized type (matmulQuantized: the activations quantized, then every column
 // split across the OpenMP threads). For kernel work: a step's profile shows the matmuls'
 // share, this shows one kernel's cost. COPIES matrices of that shape are called in turn, so
 // with enough of them (their bytes well past the caches) the weights stream from memory as in
@@ -9,7 +10,7 @@
 // addon or the tests. Build after the addon (it links the addon's own objects):
 //   O=build/Release/obj.target/weft_native/native
 //   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o
-// Usage: matmul-timing ROWS K N [bf16|f32-bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply;
+// Usage: matmul-timing ROWS K N [bf16|f32-bf16|f32-pairs|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply;
 //   CALLS sets the calls per timing, 20 or COPIES by default: more for `perf record`)
 #include <sys/mman.h>
 #include <chrono>
@@ -62,7 +63,7 @@ uint8_t* randomWeights(DType dt, size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    fprintf(stderr, "usage: %s ROWS K N [bf16|f32-bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]\n", argv[0]);
+    fprintf(stderr, "usage: %s ROWS K N [bf16|f32-bf16|f32-pairs|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]\n", argv[0]);
     return 1;
   }
   const int T = atoi(argv[1]), K = atoi(argv[2]), N = atoi(argv[3]);
@@ -72,10 +73,14 @@ int main(int argc, char** argv) {
   const DType dt = fp32 || pairs ? DType::BF16 : typeNamed(type);
   const bool bf16 = dt == DType::BF16 && !fp32 && !pairs;
   if ((bf16 || pairs) && (K % kTileK != 0 || N % kTileCols != 0)) {
-    fprintf(stderr, "bf16: K must be a multiple of %d and N of %d\n", kTileK, kTileCols);
+    fprintf(stderr, "%s: K must be a multiple of %d and N of %d\n", type, kTileK, kTileCols);
     return 1;
   }
   const Kernels& k = activeKernels();
+  if (pairs && !k.matmulPairsF32) {
+    fprintf(stderr, "f32-pairs: the %s set reads float32 bf16 weights in groups (f32-bf16)\n", k.name);
+    return 1;
+  }
   if (fp32 && (K % k.chunk != 0 || N % kPackCols != 0)) {
     fprintf(stderr, "f32-bf16: K must be a multiple of %d and N of %d\n", k.chunk, kPackCols);
     return 1;
