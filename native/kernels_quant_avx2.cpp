@@ -319,13 +319,18 @@ struct KSource {
     constexpr int n = J / 4, k = J % 4;
     return q6kQuants<k>(load32(sb + 64 * n + 32 * (k % 2)), load32(sb + kQ6KHigh + 32 * n));
   }
-  // Block j's lane scales for column c: Q4_K's (Q5_K's) one scale in all 8 lanes, or Q6_K's
-  // two (lanes 0–3, 4–7); one permute picks them from the decoded floats.
+  // Block j's lane scales for column c: Q4_K's (Q5_K's) one scale in all 8 lanes (a broadcast
+  // load: the permute it replaced cost a shuffle uop a block and column, 9–13 % of a one-row
+  // Q4_K matmul here), or Q6_K's two (lanes 0–3, 4–7), which one permute picks from the floats.
   template <int J>
   static constexpr int scaleAt(int lane) { return kQ45 ? J : 2 * J + lane / 4; }
   template <int J>
   void block(int, std::integral_constant<int, J>, int c, __m256i* w, __m256* dv) const {
     *w = quants<J>(c);
+    if constexpr (kQ45) {
+      *dv = _mm256_broadcast_ss(s->scale[c] + J);
+      return;
+    }
     constexpr int base = scaleAt<J>(0) / 8 * 8;  // Q6_K's blocks 4–7 take scales 8–15
     const __m256i idx = _mm256_setr_epi32(scaleAt<J>(0) - base, scaleAt<J>(1) - base, scaleAt<J>(2) - base, scaleAt<J>(3) - base, scaleAt<J>(4) - base,
                                           scaleAt<J>(5) - base, scaleAt<J>(6) - base, scaleAt<J>(7) - base);
