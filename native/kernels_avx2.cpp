@@ -18,14 +18,10 @@ inline void loadChunk(const void* w, size_t at, __m256& lo, __m256& hi) {
     const float* p = static_cast<const float*>(w) + at;
     lo = _mm256_loadu_ps(p);
     hi = _mm256_loadu_ps(p + 8);
-  } else if constexpr (D == DType::F16) {
+  } else {
     const uint16_t* p = static_cast<const uint16_t*>(w) + at;
     lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-  } else {
-    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + at));
-    lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
 }
 
@@ -78,12 +74,13 @@ void matmulTyped(const float* xp, int T, const PackedMatrix& w, float* y, int g0
   }
 }
 
+// F32 and F16 groups only: this set packs bf16 matrices as pair tiles in both modes
+// (matmulPairsF32, matmulBf16), and quantized ones go through matmulQuant.
 void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   switch (w.dtype) {
     case DType::F32: return matmulTyped<DType::F32>(xp, T, w, y, g0, g1);
     case DType::F16: return matmulTyped<DType::F16>(xp, T, w, y, g0, g1);
-    case DType::BF16: return matmulTyped<DType::BF16>(xp, T, w, y, g0, g1);
-    default: break;  // quantized matrices go through matmulQuant
+    default: break;
   }
 }
 

@@ -323,18 +323,18 @@ struct KSource {
   // load: the permute it replaced cost a shuffle uop a block and column, 9–13 % of a one-row
   // Q4_K matmul here), or Q6_K's two (lanes 0–3, 4–7), which one permute picks from the floats.
   template <int J>
-  static constexpr int scaleAt(int lane) { return kQ45 ? J : 2 * J + lane / 4; }
+  static constexpr int q6kScaleAt(int lane) { return 2 * J + lane / 4; }
   template <int J>
   void block(int, std::integral_constant<int, J>, int c, __m256i* w, __m256* dv) const {
     *w = quants<J>(c);
     if constexpr (kQ45) {
       *dv = _mm256_broadcast_ss(s->scale[c] + J);
-      return;
+    } else {
+      constexpr int base = q6kScaleAt<J>(0) / 8 * 8;  // blocks 4–7 take scales 8–15
+      const __m256i idx = _mm256_setr_epi32(q6kScaleAt<J>(0) - base, q6kScaleAt<J>(1) - base, q6kScaleAt<J>(2) - base, q6kScaleAt<J>(3) - base,
+                                            q6kScaleAt<J>(4) - base, q6kScaleAt<J>(5) - base, q6kScaleAt<J>(6) - base, q6kScaleAt<J>(7) - base);
+      *dv = _mm256_permutevar8x32_ps(_mm256_load_ps(s->scale[c] + base), idx);
     }
-    constexpr int base = scaleAt<J>(0) / 8 * 8;  // Q6_K's blocks 4–7 take scales 8–15
-    const __m256i idx = _mm256_setr_epi32(scaleAt<J>(0) - base, scaleAt<J>(1) - base, scaleAt<J>(2) - base, scaleAt<J>(3) - base, scaleAt<J>(4) - base,
-                                          scaleAt<J>(5) - base, scaleAt<J>(6) - base, scaleAt<J>(7) - base);
-    *dv = _mm256_permutevar8x32_ps(_mm256_load_ps(s->scale[c] + base), idx);
   }
   template <int J>
   __m128 mins(int, std::integral_constant<int, J>) const { return _mm_load_ps(s->min[J]); }

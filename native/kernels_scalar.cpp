@@ -48,7 +48,7 @@ float weightAt(const void* w, DType dtype, size_t i) {
 }
 
 // Reads the packed chunks lane by lane; bf16 chunks are split into even and odd
-// halves as the vector kernels do, so x (packed to match) lines up.
+// halves as the AVX-512 kernels' are, so x (packed to match) lines up.
 void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   for (int t = 0; t < T; t++)
     for (int g = g0; g < g1; g++)

@@ -63,13 +63,9 @@ void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedM
 }
 
 void matmulPairsF32(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
-  if (w.K != w.Kp) {
+  if (w.K != w.Kp) {  // the rows in natural order (packActivations' layout for any dtype but BF16), zero padded
     if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
-    for (int t = 0; t < T; t++) {
-      float* o = scratch.data() + static_cast<size_t>(t) * w.Kp;
-      std::copy(x + static_cast<size_t>(t) * w.K, x + static_cast<size_t>(t + 1) * w.K, o);
-      std::fill(o + w.K, o + w.Kp, 0.0f);
-    }
+    packActivations(x, T, w.K, w.Kp, k.chunk, DType::F32, scratch.data());
     x = scratch.data();
   }
   perThreadRuns(w.Np / kTileCols, [&](int g0, int g1) { k.matmulPairsF32(x, T, w, y, g0, g1); });

@@ -1,7 +1,7 @@
 // Times one matmul alone, as a step calls it on the active kernel set, on random weights of
 // one type and shape: bf16 (matmulPackedBf16 on rows already rounded: the bfloat16 mode's
 // matmul), f32-bf16 (bf16 weights in the float32 mode's groups: matmulPacked on rows already
-// packed), f32-pairs (bf16 weights in pair tiles: matmulPairsF32, the float32 mode's matmul on
+// packed, where the set reads them so), f32-pairs (bf16 weights in pair tiles: matmulPairsF32, the float32 mode's matmul on
 // bf16 weights where the set has it) or a quantized type (matmulQuantized: the activations quantized, then every column
 // split across the OpenMP threads). For kernel work: a step's profile shows the matmuls'
 // share, this shows one kernel's cost. COPIES matrices of that shape are called in turn, so
@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
   const Kernels& k = activeKernels();
   if (pairs && !k.matmulPairsF32) {
     fprintf(stderr, "f32-pairs: the %s set reads float32 bf16 weights in groups (f32-bf16)\n", k.name);
+    return 1;
+  }
+  if (fp32 && k.matmulPairsF32) {
+    fprintf(stderr, "f32-bf16: the %s set reads float32 bf16 weights in pair tiles (f32-pairs)\n", k.name);
     return 1;
   }
   if (fp32 && (K % k.chunk != 0 || N % kPackCols != 0)) {
