@@ -47,8 +47,8 @@ float weightAt(const void* w, DType dtype, size_t i) {
   return 0.0f;
 }
 
-// Reads the packed chunks lane by lane; bf16 chunks are split into even and odd
-// halves as the AVX-512 kernels' are, so x (packed to match) lines up.
+// Reads the packed chunks lane by lane; bf16 chunks (16 elements here) are split into even
+// and odd halves, the layout packActivations gives bf16 rows, so x (packed to match) lines up.
 void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   for (int t = 0; t < T; t++)
     for (int g = g0; g < g1; g++)
