@@ -86,10 +86,10 @@ using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, 
 using MatmulPairsF32Fn = void (*)(const float* x, int T, const PackedMatrix& w, float* y, int g0, int g1);
 // Block-quantized weights (w.dtype Q8_0 … Q6_K, rows kept in ggml's block layout):
 // y[t, n] = Σ_k x[t, k] · w[n, k] for the columns [n0, n1), all rows t < T, with `x`
-// the rows quantized to int8 per 32-element block (quantizeActivations). Each
-// weight row is unpacked once and reused by every row t; integer dot products
-// per 4 inputs, fp32 accumulation in a fixed order: the AVX2 and scalar sets in
-// quant.h's (bit-identical to each other), the AVX-512 sets with VNNI and the amx
+// the rows quantized to int8 in 32-element blocks, one scale per weight block's worth
+// (quantizeActivations, actScaleBlocks). Each weight block is decoded once and reused
+// by every row t; integer dot products, fp32 accumulation in a fixed order: the AVX2
+// and scalar sets in quant.h's (bit-identical to each other), the AVX-512 sets with VNNI and the amx
 // set in the panels' (kernels_quant_panels.cpp; bit-identical to each other). Each
 // order is batch-invariant.
 struct QuantActBlock;

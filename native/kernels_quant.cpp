@@ -178,6 +178,78 @@ float dotRow(const UnpackedRow& r, const QuantActBlock* x, int nb, bool mins) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + macc;
 }
 
+
+// A K-quant superblock as the K-quant order of quant.h takes it: the unsigned quants u, the
+// integer scales S per (block, lane), the min coefficients c per 16 inputs, d and cm.
+struct KSuper {
+  uint8_t u[256];
+  int scale[8][8];  // [block j][lane l]
+  int coef[16];
+  float d, cm;
+};
+
+void decodeK(DType t, const uint8_t* b, KSuper& k) {
+  if (t == DType::Q6_K) {
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int n = 0; n < 2; n++) {
+      const uint8_t* ql = b + n * 64;
+      const uint8_t* qh = b + 128 + n * 32;
+      uint8_t* o = k.u + 128 * n;
+      for (int l = 0; l < 32; l++) {
+        o[l] = static_cast<uint8_t>((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+        o[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+        o[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+        o[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+      }
+    }
+    for (int e = 0; e < 16; e++) k.coef[e] = sc[e];
+    for (int j = 0; j < 8; j++)
+      for (int l = 0; l < 8; l++) k.scale[j][l] = sc[2 * j + l / 4];
+    k.d = f16At(b + 208);
+    k.cm = -32.0f * k.d;
+    return;
+  }
+  const bool five = t == DType::Q5_K;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + (five ? 48 : 16);
+  for (int j = 0; j < 8; j++) {
+    int sc, mi;
+    scaleMin(j, b + 4, &sc, &mi);
+    for (int l = 0; l < 8; l++) k.scale[j][l] = sc;
+    k.coef[2 * j] = k.coef[2 * j + 1] = mi;
+    for (int l = 0; l < 32; l++) {
+      const int nib = j % 2 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 0xF;
+      k.u[32 * j + l] = static_cast<uint8_t>(nib + (five && (qh[l] >> j & 1) ? 16 : 0));
+    }
+  }
+  k.d = f16At(b);
+  k.cm = -f16At(b + 2);
+}
+
+// One output of a K-quant row (the superblocks of `row`) in the K-quant order of quant.h.
+float dotK(DType t, const uint8_t* row, const QuantActBlock* x, int nb) {
+  const size_t bytes = tensorBytes(t, 1, 256);
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  KSuper k;
+  for (int s = 0; s < nb / 8; s++) {
+    decodeK(t, row + bytes * s, k);
+    const QuantActBlock* xs = x + 8 * s;
+    for (int l = 0; l < 8; l++) {
+      int32_t p = 0;
+      for (int j = 0; j < 8; j++) {
+        int32_t q = 0;
+        for (int i = 4 * l; i < 4 * l + 4; i++) q += k.u[32 * j + i] * xs[j].q[i];
+        p += k.scale[j][l] * q;
+      }
+      const int32_t m = k.coef[2 * l] * xs[l].half[0] + k.coef[2 * l + 1] * xs[l].half[1];
+      acc[l] = std::fma(static_cast<float>(p), k.d * xs[0].d, acc[l]);
+      acc[l] = std::fma(static_cast<float>(m), k.cm * xs[0].d, acc[l]);
+    }
+  }
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+bool isKQuant(DType d) { return d == DType::Q4_K || d == DType::Q5_K || d == DType::Q6_K; }
 }  // namespace
 
 size_t tensorBytes(DType d, size_t rows, size_t cols) {
@@ -203,26 +275,30 @@ void dequantRow(DType d, const void* data, int cols, int r, float* out) {
   for (int b = 0; b < cols / t.elems; b++) dequantBlock(d, row + static_cast<size_t>(b) * t.bytes, out + static_cast<size_t>(b) * t.elems);
 }
 
-void quantizeActivations(const float* x, int T, int K, QuantActBlock* out) {
-  const int nb = K / kQBlock;
+int actScaleBlocks(DType d) { return blockElems(d) / kQBlock; }
+
+void quantizeActivations(const float* x, int T, int K, int scaleBlocks, QuantActBlock* out) {
+  const int nb = K / kQBlock, run = kQBlock * scaleBlocks;
 #pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++)
-    for (int b = 0; b < nb; b++) {
-      const float* v = x + static_cast<size_t>(t) * K + b * kQBlock;
-      QuantActBlock& o = out[static_cast<size_t>(t) * nb + b];
+    for (int b0 = 0; b0 < nb; b0 += scaleBlocks) {
+      const float* v = x + static_cast<size_t>(t) * K + b0 * kQBlock;
       float amax = 0.0f;
-      for (int i = 0; i < kQBlock; i++) amax = std::max(amax, std::fabs(v[i]));
-      o.d = amax / 127.0f;
-      const float id = o.d != 0.0f ? 1.0f / o.d : 0.0f;
-      int half[2] = {0, 0};
-      for (int i = 0; i < kQBlock; i++) {
-        const float q = std::nearbyint(v[i] * id);
-        o.q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
-        half[i / (kQBlock / 2)] += o.q[i];
+      for (int i = 0; i < run; i++) amax = std::max(amax, std::fabs(v[i]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      for (int b = 0; b < scaleBlocks; b++) {
+        QuantActBlock& o = out[static_cast<size_t>(t) * nb + b0 + b];
+        o.d = d;
+        int half[2] = {0, 0};
+        for (int i = 0; i < kQBlock; i++) {
+          const float q = std::nearbyint(v[kQBlock * b + i] * id);
+          o.q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+          half[i / (kQBlock / 2)] += o.q[i];
+        }
+        o.half[0] = static_cast<int16_t>(half[0]);
+        o.half[1] = static_cast<int16_t>(half[1]);
+        o.s = o.d * static_cast<float>(half[0] + half[1]);
       }
-      o.half[0] = static_cast<int16_t>(half[0]);
-      o.half[1] = static_cast<int16_t>(half[1]);
-      o.s = o.d * static_cast<float>(half[0] + half[1]);
     }
 }
 
@@ -270,6 +346,12 @@ void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, flo
   const UnpackedRow row{q.data(), dv.data(), m.data()};
   const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   const bool mins = info(w.dtype).mins;
+  if (isKQuant(w.dtype)) {
+    for (int n = n0; n < n1; n++)
+      for (int t = 0; t < T; t++)
+        y[static_cast<size_t>(t) * w.N + n] = dotK(w.dtype, static_cast<const uint8_t*>(w.data) + rowBytes * n, x + static_cast<size_t>(t) * nb, nb);
+    return;
+  }
   for (int n = n0; n < n1; n++) {
     unpackRowScalar(w.dtype, static_cast<const uint8_t*>(w.data) + rowBytes * n, w.K, row);
     for (int t = 0; t < T; t++) y[static_cast<size_t>(t) * w.N + n] = dotRow(row, x + static_cast<size_t>(t) * nb, nb, mins);

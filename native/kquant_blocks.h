@@ -1,6 +1,6 @@
 // The Q4_K and Q6_K superblocks (ggml's block_q4_K, block_q6_K) as the vector kernels
 // read them: their layout and one decoder per field, shared by the AVX2 kernel
-// (kernels_quant_avx2.cpp: panel unpacking and in-place reads) and the VNNI panel
+// (kernels_quant_avx2.cpp: in-place reads) and the VNNI panel
 // kernels (quant_panel_units.h, for kernels_quant_panels.cpp and kernels_quant_amx.cpp),
 // which must read the same values. The portable reference is unpackRowScalar
 // (kernels_quant.cpp).
@@ -44,30 +44,11 @@ inline void q4kScaleWords(U a, U b, U c, U* sc03, U* sc47, U* mn03, U* mn47) {
   *mn47 = ((c >> 4) & low4) | ((b >> 6) & top) << 4;
 }
 
-inline __m256 bytesToFloats(uint64_t v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v)))); }
-
-// A Q4_K superblock's block scales d·sc[j] and min terms −dmin·m[j] ((−dmin)·m is that exactly), j < 8.
-inline void q4kScales(const uint8_t* sb, __m256* scale, __m256* min) {
-  uint32_t w[3], sc03, sc47, mn03, mn47;
-  std::memcpy(w, sb + kQ4KScales, 12);
-  q4kScaleWords(w[0], w[1], w[2], &sc03, &sc47, &mn03, &mn47);
-  *scale = _mm256_mul_ps(_mm256_set1_ps(f16At(sb)), bytesToFloats(sc03 | static_cast<uint64_t>(sc47) << 32));
-  *min = _mm256_mul_ps(_mm256_set1_ps(-f16At(sb + 2)), bytesToFloats(mn03 | static_cast<uint64_t>(mn47) << 32));
-}
-
 // Block 2i + High of a Q4_K superblock (0–15 each) from its quant bytes 32i..32i+31 (V: a byte
 // vector holding them; a 512-bit one holds two rows' bytes side by side).
 template <bool High, class V>
 inline V q4kQuants(V v) {
   return High ? v >> 4 : v & 0x0F;
-}
-
-// A Q6_K superblock's sixteen scales d·sc[i], lanes 0–7 and 8–15.
-inline void q6kScales(const uint8_t* sb, __m256* lo, __m256* hi) {
-  const __m256 d = _mm256_set1_ps(f16At(sb + kQ6KD));
-  const auto half = [&](int h) { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + kQ6KScales + 8 * h))))); };
-  *lo = half(0);
-  *hi = half(1);
 }
 
 // Block K (0–3) of a Q6_K half superblock as unsigned 6-bit values (the weight is this − kQ6KBias):

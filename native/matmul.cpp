@@ -76,13 +76,21 @@ void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix
 }
 
 void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::vector<QuantProduct>& products) {
-  static thread_local std::vector<QuantActBlock> acts;  // grown to the largest step, per calling thread
+  // The rows quantized once for each activation scale run the matrices ask for (32 or 256
+  // inputs), into buffers grown to the largest step, per calling thread.
+  static thread_local std::vector<QuantActBlock> acts[2];
   const int K = products.front().w->K;
   const size_t blocks = static_cast<size_t>(T) * (K / kQBlock);
-  if (acts.size() < blocks) acts.resize(blocks);
-  if (k.matmulQuant == matmulQuantScalar) quantizeActivations(x, T, K, acts.data());  // the reference, also here
-  else quantizeActivationsAvx2(x, T, K, acts.data());
-  const QuantActBlock* xq = acts.data();  // the workers' own `acts` are other objects
+  const auto slot = [](const PackedMatrix& w) { return actScaleBlocks(w.dtype) == 1 ? 0 : 1; };
+  const QuantActBlock* xq[2] = {nullptr, nullptr};  // the workers' own `acts` are other objects
+  for (const QuantProduct& p : products) {
+    const int i = slot(*p.w);
+    if (xq[i]) continue;
+    if (acts[i].size() < blocks) acts[i].resize(blocks);
+    if (k.matmulQuant == matmulQuantScalar) quantizeActivations(x, T, K, actScaleBlocks(p.w->dtype), acts[i].data());  // the reference, also here
+    else quantizeActivationsAvx2(x, T, K, actScaleBlocks(p.w->dtype), acts[i].data());
+    xq[i] = acts[i].data();
+  }
   // The units (kQuantSplitCols columns) of all the matrices in a row, split across the threads
   // by their bytes, not their count: where Q4_K_M's v is Q6_K (half as many bytes again per column
   // as q/k's Q4_K), an even count left one thread about a quarter more to read. Unit u of a matrix
@@ -101,7 +109,7 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
       const auto unitAt = [&](uint64_t at) { return at <= first ? 0 : std::min(n, (at - first + c - 1) / c); };
       const uint64_t a = unitAt(lo), b = unitAt(hi);
       if (a < b)
-        k.matmulQuant(xq, T, *p.w, p.y, static_cast<int>(a) * kQuantSplitCols, std::min(p.w->N, static_cast<int>(b) * kQuantSplitCols));
+        k.matmulQuant(xq[slot(*p.w)], T, *p.w, p.y, static_cast<int>(a) * kQuantSplitCols, std::min(p.w->N, static_cast<int>(b) * kQuantSplitCols));
       first += n * c;
     }
   }

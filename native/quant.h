@@ -2,14 +2,15 @@
 // byte sizes, exact dequantization (embedding rows), and the integer matmul's
 // common form.
 //
-// The matmul never widens a weight to float. Activations are quantized per
-// 32-element block to int8 with one fp32 scale (as llama.cpp's q8_0/q8_1 do).
-// Weight rows are unpacked into L1 to int8 values in 32-element blocks with
-// eight fp32 lane scales and a "min" coefficient; every row of the step is then
-// dotted against the unpacked rows (steps of up to 4 rows, 8 for Q8_0, read every type
-// in place instead, to the same values): the AVX2 and scalar sets, bit-identical. The AVX-512
-// sets with VNNI (and the amx set) read the matrices in VNNI panels instead, in
-// their own order (matmulQuantPanels).
+// The matmul never widens a weight to float. Activations are quantized to int8 with one
+// fp32 scale per weight block's worth of inputs (actScaleBlocks): per 32 for Q8_0, Q4_0 and
+// Q4_1, per 256 for the K-quants, as llama.cpp pairs them with q8_0 and q8_K. The AVX2 and
+// scalar sets (bit-identical) dot the 32-element types' rows unpacked into L1 to int8 values
+// with eight fp32 lane scales and a "min" coefficient, every row of the step against the
+// unpacked rows (steps of up to 4 rows, 8 for Q8_0, read them in place instead, to the same
+// values), and read the K-quants in place, summing a superblock's blocks in integers under
+// their integer scales (the K-quant order below). The AVX-512 sets with VNNI (and the amx set) read the
+// matrices in VNNI panels instead, in their own order (matmulQuantPanels).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -21,11 +22,12 @@ namespace weft {
 
 constexpr int kQBlock = 32;  // elements per activation block and per unpacked weight block
 
-// One activation block: x[i] ≈ d * q[i]; s = d * Σq (for the weight types with a min).
+// One activation block: x[i] ≈ d * q[i]; s = d * Σq (for the weight types with a min). For a
+// K-quant matrix the 8 blocks of each 256 inputs share their d.
 struct QuantActBlock {
   float d;
   float s;
-  int16_t half[2];  // Σq of inputs 0–15 and of 16–31: the panel kernels' corrections for weights read with an offset
+  int16_t half[2];  // Σq of inputs 0–15 and of 16–31: the K-quant order's bs, and the panel kernels' corrections for weights read with an offset
   int8_t q[kQBlock];
 };
 
@@ -46,6 +48,19 @@ struct UnpackedRow {
 //     acc[l] = fma(float(p), dv[8b + l] * x[b].d, acc[l]);  mins: macc = fma(m[b], x[b].s, macc)
 //   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)) + macc
 // Per output element this does not depend on T: batch-invariant.
+//
+// The K-quants (Q4_K, Q5_K: one 6-bit scale sc_j and min m_j per block j of 32; Q6_K: an int8
+// scale per 16) in the AVX2 and scalar sets, per superblock s of 256 inputs in order, with u the
+// unsigned quants (Q6_K's 6-bit value before its −32), xd the activations' shared scale, d (and
+// dmin) the superblock's f16 scales, lane l covering inputs 4l..4l+3 of each block:
+//   P_l = exact int32 Σ_j S(j, l) · Σ u·x   (S = sc_j; Q6_K: sc[2j + l/4])
+//   M_l = exact int32 c[2l]·bs[2l] + c[2l+1]·bs[2l+1]   (bs[e]: Σx of inputs 16e..16e+15;
+//         c[e] = m[e/2], or for Q6_K sc[e])
+//   acc[l] = fma(float(P_l), d·xd, acc[l]);  acc[l] = fma(float(M_l), cm·xd, acc[l])
+//         (cm = −dmin, or for Q6_K −32·d: the min, or the bias of u)
+//   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))
+// Eight blocks under integer scales cost an int16 multiply a block (vpmaddwd) where the block
+// order's float scales cost a conversion, a multiply and an FMA.
 
 // Bytes of a (rows × cols) tensor of dtype d (quantized rows are whole blocks).
 size_t tensorBytes(DType d, size_t rows, size_t cols);
@@ -61,19 +76,23 @@ DType dtypeFromName(const std::string& name);
 // dequantize_row_* computes it (the embedding lookup).
 void dequantRow(DType d, const void* data, int cols, int r, float* out);
 
-// Rows of x (T × K, K a multiple of 32) → T × K/32 activation blocks, row by row.
-void quantizeActivations(const float* x, int T, int K, QuantActBlock* out);
+// How many 32-element activation blocks share one scale for weights of type d: one weight
+// block's worth (1, or 8 for the K-quants' 256).
+int actScaleBlocks(DType d);
+// Rows of x (T × K, K a multiple of 32·scaleBlocks) → T × K/32 activation blocks, row by row,
+// each run of scaleBlocks blocks scaled by its own largest magnitude.
+void quantizeActivations(const float* x, int T, int K, int scaleBlocks, QuantActBlock* out);
 // The same, bit for bit, with AVX2 (for the vector kernel sets).
-void quantizeActivationsAvx2(const float* x, int T, int K, QuantActBlock* out);
+void quantizeActivationsAvx2(const float* x, int T, int K, int scaleBlocks, QuantActBlock* out);
 
 // Unpacks one weight row `src` (K elements of dtype d, in ggml's block layout)
 // into `out`; the portable code, which the AVX2 set matches bit for bit.
 void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out);
 
 // The quantized matmul of each kernel set (see MatmulQuantFn in kernels.h). The
-// AVX2 set unpacks kQPanel weight rows at a time into an L1 panel, block-major,
-// and dot a tile of activation rows against all of them in registers, so each
-// unpacked block serves kQPanel × rows dot products; per element the order above holds.
+// AVX2 set takes kQPanel weight rows at a time (unpacked into an L1 panel, block-major,
+// or read in place) and dots a tile of activation rows against all of them, so each
+// decoded block serves kQPanel × rows dot products; per element the orders above hold.
 constexpr int kQPanel = 4;
 void matmulQuantScalar(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1);

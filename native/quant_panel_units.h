@@ -87,8 +87,8 @@ struct UnitScales {
   __m512 min[8];
 };
 
-// d (Q8_0, Q4_0), d and m (Q4_1), d·sc and −dmin·m (Q4_K, Q5_K), d·sc (Q6_K, Q6_KW): the values the
-// lane kernels' unpacking and q4kScales / q6kScales give per column.
+// d (Q8_0, Q4_0), d and m (Q4_1), d·sc and −dmin·m (Q4_K, Q5_K), d·sc (Q6_K, Q6_KW): the values
+// unpackRowScalar gives per column.
 template <DType D>
 __attribute__((always_inline)) inline void decodeScales(const uint8_t* u, UnitScales& s) {
   if constexpr (D == DType::Q8_0) {

@@ -14,7 +14,7 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { type GgmlType } from "../src/model/gguf.js";
+import { GGML_TYPES, type GgmlType } from "../src/model/gguf.js";
 import { dequantize } from "../src/model/gguf-dequant.js";
 import { exportGguf, writeGguf, ALIGN, type Meta } from "../src/model/gguf-export.js";
 import { makeModel } from "../src/model/make-model.js";
@@ -63,15 +63,18 @@ function probeGguf(type: GgmlType, weights: Uint8Array, embed: Float32Array): st
   return file;
 }
 
-/** Activations quantized per 32-block to int8 as the kernels do: returns x̂ = d·q and each element's block scale d. */
-function quantizeActs(x: Float32Array): { xq: Float64Array; d: Float64Array } {
+/**
+ * Activations quantized to int8 as the kernels do, one scale per `run` inputs (a weight block's
+ * worth: 32, or the K-quants' 256): returns x̂ = d·q and each element's scale d.
+ */
+function quantizeActs(x: Float32Array, run: number): { xq: Float64Array; d: Float64Array } {
   const fr = Math.fround, xq = new Float64Array(x.length), d = new Float64Array(x.length);
   const roundEven = (v: number): number => { const r = Math.round(v); return r - v === 0.5 && r % 2 !== 0 ? r - 1 : r; };
-  for (let b = 0; b < x.length; b += 32) {
+  for (let b = 0; b < x.length; b += run) {
     let amax = 0;
-    for (let i = b; i < b + 32; i++) amax = Math.max(amax, Math.abs(x[i]!));
+    for (let i = b; i < b + run; i++) amax = Math.max(amax, Math.abs(x[i]!));
     const s = fr(amax / 127), id = s !== 0 ? fr(1 / s) : 0;
-    for (let i = b; i < b + 32; i++) {
+    for (let i = b; i < b + run; i++) {
       xq[i] = s * Math.max(-127, Math.min(127, roundEven(fr(x[i]! * id))));
       d[i] = s;
     }
@@ -181,7 +184,7 @@ function checkAgainstFp64(type: GgmlType, set: string, logits: Float32Array[], w
   let worstTight = 0, worstBound = 0;
   for (const t of tokens) {
     const xn = nativeRmsnorm(embed.subarray(t * K, (t + 1) * K), RMS_EPS);
-    const { xq, d } = quantizeActs(xn);
+    const { xq, d } = quantizeActs(xn, GGML_TYPES[type].blockSize);
     for (let n = 0; n < ROWS; n++) {
       let withActQuant = 0, exact = 0, mag = 0, bound = 0;
       for (let i = 0; i < K; i++) {
