@@ -362,28 +362,20 @@ __attribute__((always_inline)) inline void kDot(const KDecoded& k, const QuantAc
 // sums on the stack).
 constexpr int kKDotRows = 4;
 
-// Up to kKDotRows rows' lanes P from `k`.
-template <class Src>
-__attribute__((always_inline)) inline void kDots(const Src& k, const QuantActBlock* xs, int R, int nb, __m256i* out) {
-  switch (R) {
-    case 1: kDot<1>(k, xs, nb, out); break;
-    case 2: kDot<2>(k, xs, nb, out); break;
-    case 3: kDot<3>(k, xs, nb, out); break;
-    default: kDot<4>(k, xs, nb, out); break;
-  }
-}
-
 // Rows per K-quant tile: their lane sums and activation scales wait in L1 between superblocks.
 constexpr int kKTileRows = 16;
 
 // y[r, c] for R ≤ kKTileRows activation rows × kQPanel columns read in place from `rows` (the
-// first `cols` present and stored), in the K-quant order. A tile of at most kKDotRows rows
-// decodes each block in registers; a larger one decodes each superblock once into L1 for all.
-template <DType D>
+// first `cols` present and stored), in the K-quant order. Few > 0: R = Few ≤ kKDotRows, each block
+// decoded in registers; Few = 0: each superblock decoded once into L1 for all R rows, taken
+// kKDotRows at a time. (One function for both, each row count's case inlined, kept the sums on the
+// stack: 9 % slower at one row than the blocks it replaced.)
+template <DType D, int Few>
 void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, int R, int nb, float* y, int N) {
+  if constexpr (Few > 0) R = Few;
   alignas(32) float acc[kKTileRows][kQPanel][8];
   alignas(32) int32_t bs[kKTileRows][8];  // bs[e] of quant.h, two int16 to an int32: each block's `half`
-  __m256 xd[kKTileRows];  // each row's activation scale in every lane
+  __m256 xd[kKTileRows];                  // each row's activation scale in every lane
   __m256i ps[kKTileRows];
   KDecoded dec;
   std::fill(&acc[0][0][0], &acc[0][0][0] + static_cast<size_t>(R) * kQPanel * 8, 0.0f);
@@ -398,11 +390,19 @@ void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* 
     for (int c = 0; c < kQPanel; c++) {
       const KColumn<D> k(rows + rowBytes * (c < cols ? c : 0) + KColumn<D>::kBytes * s);
       prefetchL2(k.sb + rowBytes * kQPanel * kPrefetchPanels, KColumn<D>::kBytes);
-      if (R <= kKDotRows) {
-        kDots(k, xs, R, nb, ps);
+      if constexpr (Few > 0) {
+        kDot<Few>(k, xs, nb, ps);
       } else {
         kDecode(k, dec);
-        for (int r = 0; r < R; r += kKDotRows) kDots(dec, xs + static_cast<size_t>(r) * nb, std::min(kKDotRows, R - r), nb, ps + r);
+        for (int r = 0; r < R; r += kKDotRows) {
+          const QuantActBlock* xr = xs + static_cast<size_t>(r) * nb;
+          switch (std::min(kKDotRows, R - r)) {
+            case 1: kDot<1>(dec, xr, nb, ps + r); break;
+            case 2: kDot<2>(dec, xr, nb, ps + r); break;
+            case 3: kDot<3>(dec, xr, nb, ps + r); break;
+            default: kDot<4>(dec, xr, nb, ps + r); break;
+          }
+        }
       }
       for (int r = 0; r < R; r++) {
         const __m256i m = _mm256_madd_epi16(k.coef, _mm256_load_si256(reinterpret_cast<const __m256i*>(bs[r])));
@@ -419,8 +419,18 @@ void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* 
 // result does not depend on its tile).
 template <DType D>
 void kRows(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, int T, int nb, float* y, int N) {
-  for (int t = 0; t < T; t += kKTileRows)
-    kTile<D>(rows, rowBytes, cols, x + static_cast<size_t>(t) * nb, std::min(kKTileRows, T - t), nb, y + static_cast<size_t>(t) * N, N);
+  for (int t = 0; t < T; t += kKTileRows) {
+    const int R = std::min(kKTileRows, T - t);
+    const QuantActBlock* xt = x + static_cast<size_t>(t) * nb;
+    float* yt = y + static_cast<size_t>(t) * N;
+    switch (R) {
+      case 1: kTile<D, 1>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
+      case 2: kTile<D, 2>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
+      case 3: kTile<D, 3>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
+      case 4: kTile<D, 4>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
+      default: kTile<D, 0>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
+    }
+  }
 }
 
 // The K-quant panel at `rows` (false for the other types).
