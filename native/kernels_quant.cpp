@@ -178,7 +178,6 @@ float dotRow(const UnpackedRow& r, const QuantActBlock* x, int nb, bool mins) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + macc;
 }
 
-
 // A K-quant superblock as the K-quant order of quant.h takes it: the unsigned quants u, the
 // integer scales S per (block, lane), the min coefficients c per 16 inputs, d and cm.
 struct KSuper {
@@ -206,7 +205,7 @@ void decodeK(DType t, const uint8_t* b, KSuper& k) {
     for (int j = 0; j < 8; j++)
       for (int l = 0; l < 8; l++) k.scale[j][l] = sc[2 * j + l / 4];
     k.d = f16At(b + 208);
-    k.cm = -32.0f * k.d;
+    k.cm = -32.0f * k.d;  // the bias of u: w = u − 32
     return;
   }
   const bool five = t == DType::Q5_K;
@@ -250,6 +249,7 @@ float dotK(DType t, const uint8_t* row, const QuantActBlock* x, int nb) {
 }
 
 bool isKQuant(DType d) { return d == DType::Q4_K || d == DType::Q5_K || d == DType::Q6_K; }
+
 }  // namespace
 
 size_t tensorBytes(DType d, size_t rows, size_t cols) {

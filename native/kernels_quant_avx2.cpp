@@ -305,15 +305,11 @@ struct KColumn {
   }
 };
 
-// One superblock of one column decoded into L1 for a tile of more than kKDotRows rows: block J's
-// unsigned quants and scale lanes, read as KColumn gives them.
+// One superblock of one column decoded into L1 for a tile of more than kKDotRows rows: block j's
+// unsigned quants and scale lanes as KColumn gives them.
 struct KDecoded {
   alignas(32) uint8_t w[8][32];
   alignas(32) int16_t sv[8][16];
-  template <int J>
-  __m256i quants() const { return _mm256_load_si256(reinterpret_cast<const __m256i*>(w[J])); }
-  template <int J>
-  __m256i scales() const { return _mm256_load_si256(reinterpret_cast<const __m256i*>(sv[J])); }
 };
 
 template <DType D, int J = 0>
@@ -325,12 +321,12 @@ __attribute__((always_inline)) inline void kDecode(const KColumn<D>& k, KDecoded
   }
 }
 
-// Blocks J.. of R rows' integer lanes P (xs: row r's 8 blocks at xs + r·nb) from a KColumn or a
-// KDecoded. A block costs each row two multiplies and an add on the unsigned quants (vpmaddubsw
+// Blocks J.. of R rows' integer lanes P (xs: row r's 8 blocks at xs + r·nb) from a column's
+// bytes. A block costs each row two multiplies and an add on the unsigned quants (vpmaddubsw
 // keeps its 16-bit pair sums exact: 2 · 63 · 127 < 2^15), its weights and scales made once for
 // the R rows.
-template <int R, int J = 0, class Src>
-__attribute__((always_inline)) inline void kBlocks(const Src& k, const QuantActBlock* xs, int nb, __m256i (&p)[R]) {
+template <int R, int J = 0, DType D>
+__attribute__((always_inline)) inline void kBlocks(const KColumn<D>& k, const QuantActBlock* xs, int nb, __m256i (&p)[R]) {
   if constexpr (J < 8) {
     const __m256i w = k.template quants<J>(), sv = k.template scales<J>();
     for (int r = 0; r < R; r++) p[r] = _mm256_add_epi32(p[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(xs[static_cast<size_t>(r) * nb + J].q)), sv));
@@ -338,9 +334,11 @@ __attribute__((always_inline)) inline void kBlocks(const Src& k, const QuantActB
   }
 }
 
-// R rows' lanes P into `out` (the caller's memory; the sums stay in registers until done).
-template <int R, class Src>
-__attribute__((always_inline)) inline void kDot(const Src& k, const QuantActBlock* xs, int nb, __m256i* out) {
+// R rows' lanes P into `out` (the caller's memory; the sums stay in registers until done), from a
+// column's bytes or, below, from its decoded superblock (a loop over the blocks: unrolled, GCC
+// hoisted every block's loads and kept the sums on the stack).
+template <int R, DType D>
+__attribute__((always_inline)) inline void kDot(const KColumn<D>& k, const QuantActBlock* xs, int nb, __m256i* out) {
   __m256i p[R];
   for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
   kBlocks<R>(k, xs, nb, p);
