@@ -260,13 +260,16 @@ template <DType D>
 struct KColumn {
   static constexpr size_t kBytes = D == DType::Q4_K ? kQ4KBytes : D == DType::Q5_K ? kQ5KBytes : kQ6KBytes;
   const uint8_t* sb;
-  __m256i coef;    // c[e], e < 16, as int16
+  __m256i coef;     // c[e], e < 16, as int16
   __m256i scales8;  // Q4_K, Q5_K: sc_j in byte j of every 64-bit lane
-  __m256 d, cm;    // in every lane
+  __m256i q6Half[2];  // Q6_K: its int16 scales 0–7, or 8–15, in both 128-bit lanes
+  __m256 d, cm;     // in every lane
 
   explicit KColumn(const uint8_t* at) : sb(at) {
     if constexpr (D == DType::Q6_K) {
       coef = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kQ6KScales)));
+      q6Half[0] = _mm256_permute2x128_si256(coef, coef, 0x00);
+      q6Half[1] = _mm256_permute2x128_si256(coef, coef, 0x11);
       const float d16 = f16At(sb + kQ6KD);
       d = _mm256_set1_ps(d16);
       cm = _mm256_set1_ps(-static_cast<float>(kQ6KBias) * d16);
@@ -281,14 +284,13 @@ struct KColumn {
       cm = _mm256_set1_ps(-f16At(sb + 2));
     }
   }
-  // Block J's scale S(J, l) in int16 lanes 2l and 2l + 1 (vpmaddwd's pairs): Q4_K's byte J
-  // shuffled into every 16-bit lane, or Q6_K's int16 pair J (scales 2J, 2J + 1) spread to
-  // every 32-bit lane, then its first half to lanes 0–7 and its second to 8–15.
+  // Block J's scale S(J, l) in int16 lanes 2l and 2l + 1 (vpmaddwd's pairs), one shuffle: Q4_K's
+  // byte J into every 16-bit lane, or Q6_K's scale 2J into lanes 0–7 and 2J + 1 into 8–15.
   template <int J>
   __m256i scales() const {
     if constexpr (D == DType::Q6_K) {
-      const __m256i pair = _mm256_permutevar8x32_epi32(coef, _mm256_set1_epi32(J));
-      return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+      constexpr char a = 4 * J % 16, b = a + 1, c = a + 2, e = a + 3;  // the bytes of int16 scales 2J, 2J + 1 within their half
+      return _mm256_shuffle_epi8(q6Half[J / 4], _mm256_setr_epi8(a, b, a, b, a, b, a, b, a, b, a, b, a, b, a, b, c, e, c, e, c, e, c, e, c, e, c, e, c, e, c, e));
     } else {
       constexpr char z = -128;  // a pshufb index that writes zero
       return _mm256_shuffle_epi8(scales8, _mm256_setr_epi8(J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z, J, z));
