@@ -117,67 +117,6 @@ void dequantBlock(DType d, const uint8_t* b, float* y) {
   }
 }
 
-// Q4_K / Q5_K superblock → 8 blocks: q in 0..15 (0..31), lane scale d·sc, min -dmin·m.
-void unpackK45(const uint8_t* b, bool five, int8_t* q, float* dv, float* m, int step) {
-  const float dd = f16At(b), dmin = f16At(b + 2);
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + (five ? 48 : 16);
-  for (int j = 0; j < 4; j++, qs += 32) {
-    for (int h = 0; h < 2; h++) {
-      int sc, mi;
-      scaleMin(2 * j + h, b + 4, &sc, &mi);
-      const int blk = (2 * j + h) * step;
-      fill8(dv + 8 * blk, dd * sc);
-      m[blk] = -(dmin * mi);
-      const int bit = 1 << (2 * j + h);
-      for (int l = 0; l < 32; l++) {
-        const int nib = h ? qs[l] >> 4 : qs[l] & 0xF;
-        q[32 * blk + l] = static_cast<int8_t>(nib + (five && (qh[l] & bit) ? 16 : 0));
-      }
-    }
-  }
-}
-
-// Q6_K superblock → 8 blocks of q - 32; lanes 0-3 and 4-7 of a block take its two 16-element scales.
-void unpackQ6K(const uint8_t* b, int8_t* q, float* dv, float* m, int step) {
-  const float dd = f16At(b + 208);
-  for (int n = 0; n < 2; n++) {
-    const uint8_t* ql = b + n * 64;
-    const uint8_t* qh = b + 128 + n * 32;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + n * 8);
-    int8_t* o0 = q + 32 * step * (4 * n);  // the superblock half's four 32-element blocks
-    int8_t* o1 = o0 + 32 * step;
-    int8_t* o2 = o1 + 32 * step;
-    int8_t* o3 = o2 + 32 * step;
-    for (int l = 0; l < 32; l++) {
-      o0[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
-      o1[l] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-      o2[l] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-      o3[l] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-    }
-    for (int k = 0; k < 4; k++) {
-      const int blk = (4 * n + k) * step;
-      for (int l = 0; l < 8; l++) dv[8 * blk + l] = dd * sc[2 * k + l / 4];
-      m[blk] = 0.0f;
-    }
-  }
-}
-
-float dotRow(const UnpackedRow& r, const QuantActBlock* x, int nb, bool mins) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, macc = 0.0f;
-  for (int b = 0; b < nb; b++) {
-    const int8_t* w = r.q + static_cast<size_t>(b) * kQBlock;
-    for (int l = 0; l < 8; l++) {
-      int32_t p = 0;
-      for (int j = 4 * l; j < 4 * l + 4; j++) p += w[j] * x[b].q[j];
-      const float s = r.dv[8 * b + l] * x[b].d;
-      acc[l] = std::fma(static_cast<float>(p), s, acc[l]);
-    }
-    if (mins) macc = std::fma(r.m[b], x[b].s, macc);
-  }
-  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + macc;
-}
-
 // A K-quant superblock as the K-quant order of quant.h takes it: the unsigned quants u, the
 // integer scales S per (block, lane), the min coefficients c per 16 inputs, d and cm.
 struct KSuper {
@@ -223,6 +162,36 @@ void decodeK(DType t, const uint8_t* b, KSuper& k) {
   }
   k.d = f16At(b);
   k.cm = -f16At(b + 2);
+}
+
+// A K-quant superblock → its 8 blocks in the block order's form (UnpackedRow; blocks `step`
+// apart): q = u (Q6_K: u − 32), lane scale d·S, min −dmin·m (Q6_K: none) — the values the
+// VNNI panels' scales are checked against and the amx set's Q6_KW panels hold.
+void unpackK(DType t, const uint8_t* b, int8_t* q, float* dv, float* m, int step) {
+  KSuper k;
+  decodeK(t, b, k);
+  const bool six = t == DType::Q6_K;
+  for (int j = 0; j < 8; j++) {
+    const int blk = j * step;
+    for (int l = 0; l < 32; l++) q[32 * blk + l] = static_cast<int8_t>(k.u[32 * j + l] - (six ? 32 : 0));
+    for (int l = 0; l < 8; l++) dv[8 * blk + l] = k.d * static_cast<float>(k.scale[j][l]);
+    m[blk] = six ? 0.0f : k.cm * static_cast<float>(k.coef[2 * j]);
+  }
+}
+
+float dotRow(const UnpackedRow& r, const QuantActBlock* x, int nb, bool mins) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, macc = 0.0f;
+  for (int b = 0; b < nb; b++) {
+    const int8_t* w = r.q + static_cast<size_t>(b) * kQBlock;
+    for (int l = 0; l < 8; l++) {
+      int32_t p = 0;
+      for (int j = 4 * l; j < 4 * l + 4; j++) p += w[j] * x[b].q[j];
+      const float s = r.dv[8 * b + l] * x[b].d;
+      acc[l] = std::fma(static_cast<float>(p), s, acc[l]);
+    }
+    if (mins) macc = std::fma(r.m[b], x[b].s, macc);
+  }
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + macc;
 }
 
 // One output of a K-quant row (the superblocks of `row`) in the K-quant order of quant.h.
@@ -328,9 +297,9 @@ void unpackRowScalar(DType d, const uint8_t* src, int K, const UnpackedRow& out)
         *m = one ? f16At(b + 2) : 0.0f;
         break;
       }
-      case DType::Q4_K: unpackK45(b, false, q, dv, m, out.step); break;
-      case DType::Q5_K: unpackK45(b, true, q, dv, m, out.step); break;
-      case DType::Q6_K: unpackQ6K(b, q, dv, m, out.step); break;
+      case DType::Q4_K:
+      case DType::Q5_K:
+      case DType::Q6_K: unpackK(d, b, q, dv, m, out.step); break;
       default: throw std::invalid_argument("not a quantized dtype");
     }
   }
