@@ -371,22 +371,16 @@ constexpr int kKTileRows = 16;
 // kKDotRows at a time. (One function for both, each row count's case inlined, kept the sums on the
 // stack: 9 % slower at one row than the blocks it replaced.)
 template <DType D, int Few>
-void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, int R, int nb, float* y, int N) {
+void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int R, int nb, float* y, int N) {
   if constexpr (Few > 0) R = Few;
   alignas(32) float acc[kKTileRows][kQPanel][8];
-  alignas(32) int32_t bs[kKTileRows][8];  // bs[e] of quant.h, two int16 to an int32: each block's `half`
   __m256 xd[kKTileRows];                  // each row's activation scale in every lane
   __m256i ps[kKTileRows];
   KDecoded dec;
   std::fill(&acc[0][0][0], &acc[0][0][0] + static_cast<size_t>(R) * kQPanel * 8, 0.0f);
-  const __m256i blockAt = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(sizeof(QuantActBlock)));
   for (int s = 0; s < nb / 8; s++) {
     const QuantActBlock* xs = x + 8 * s;
-    for (int r = 0; r < R; r++) {
-      const QuantActBlock* xr = xs + static_cast<size_t>(r) * nb;
-      xd[r] = _mm256_set1_ps(xr->d);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bs[r]), _mm256_i32gather_epi32(reinterpret_cast<const int*>(xr->half), blockAt, 1));
-    }
+    for (int r = 0; r < R; r++) xd[r] = _mm256_set1_ps(xs[static_cast<size_t>(r) * nb].d);
     for (int c = 0; c < kQPanel; c++) {
       const KColumn<D> k(rows + rowBytes * (c < cols ? c : 0) + KColumn<D>::kBytes * s);
       prefetchL2(k.sb + rowBytes * kQPanel * kPrefetchPanels, KColumn<D>::kBytes);
@@ -405,7 +399,7 @@ void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* 
         }
       }
       for (int r = 0; r < R; r++) {
-        const __m256i m = _mm256_madd_epi16(k.coef, _mm256_load_si256(reinterpret_cast<const __m256i*>(bs[r])));
+        const __m256i m = _mm256_madd_epi16(k.coef, load32(bs + static_cast<size_t>(r) * nb + 8 * s));
         const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ps[r]), _mm256_mul_ps(k.d, xd[r]), _mm256_load_ps(acc[r][c]));
         _mm256_store_ps(acc[r][c], _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(k.cm, xd[r]), a));
       }
@@ -418,27 +412,28 @@ void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* 
 // All T rows against one panel of K-quant columns, in tiles of at most kKTileRows rows (a row's
 // result does not depend on its tile).
 template <DType D>
-void kRows(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, int T, int nb, float* y, int N) {
+void kRows(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N) {
   for (int t = 0; t < T; t += kKTileRows) {
     const int R = std::min(kKTileRows, T - t);
     const QuantActBlock* xt = x + static_cast<size_t>(t) * nb;
+    const int32_t* bt = bs + static_cast<size_t>(t) * nb;
     float* yt = y + static_cast<size_t>(t) * N;
     switch (R) {
-      case 1: kTile<D, 1>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
-      case 2: kTile<D, 2>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
-      case 3: kTile<D, 3>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
-      case 4: kTile<D, 4>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
-      default: kTile<D, 0>(rows, rowBytes, cols, xt, R, nb, yt, N); break;
+      case 1: kTile<D, 1>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
+      case 2: kTile<D, 2>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
+      case 3: kTile<D, 3>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
+      case 4: kTile<D, 4>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
+      default: kTile<D, 0>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
     }
   }
 }
 
 // The K-quant panel at `rows` (false for the other types).
-bool kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, int T, int nb, float* y, int N) {
+bool kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N) {
   switch (d) {
-    case DType::Q4_K: kRows<DType::Q4_K>(rows, rowBytes, cols, x, T, nb, y, N); return true;
-    case DType::Q5_K: kRows<DType::Q5_K>(rows, rowBytes, cols, x, T, nb, y, N); return true;
-    case DType::Q6_K: kRows<DType::Q6_K>(rows, rowBytes, cols, x, T, nb, y, N); return true;
+    case DType::Q4_K: kRows<DType::Q4_K>(rows, rowBytes, cols, x, bs, T, nb, y, N); return true;
+    case DType::Q5_K: kRows<DType::Q5_K>(rows, rowBytes, cols, x, bs, T, nb, y, N); return true;
+    case DType::Q6_K: kRows<DType::Q6_K>(rows, rowBytes, cols, x, bs, T, nb, y, N); return true;
     default: return false;
   }
 }
@@ -511,10 +506,18 @@ void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float
   const Panel panel{q.data(), dv.data(), m.data()};
   const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   const bool mins = quantHasMins(w.dtype);
+  // The K-quant order's bs (quant.h) of every block, `half` as one int32, in one place: a
+  // superblock's eight are one load in kTile (gathered there, once a panel, they cost 15 %).
+  static thread_local std::vector<int32_t> bs;
+  const bool kQuant = actScaleBlocks(w.dtype) > 1;
+  if (kQuant) {
+    bs.resize(static_cast<size_t>(T) * nb);
+    for (size_t b = 0; b < bs.size(); b++) std::memcpy(&bs[b], x[b].half, sizeof(int32_t));
+  }
   for (int n = n0; n < n1; n += kQPanel) {
     const int cols = std::min(kQPanel, n1 - n);
     const uint8_t* rows = static_cast<const uint8_t*>(w.data) + rowBytes * n;
-    if (kPanel(w.dtype, rows, rowBytes, cols, x, T, nb, y + n, w.N)) continue;
+    if (kQuant && kPanel(w.dtype, rows, rowBytes, cols, x, bs.data(), T, nb, y + n, w.N)) continue;
     if (T <= inPlaceRows(w.dtype) && inPlace(w.dtype, rows, rowBytes, cols, x, T, nb, y + n, w.N)) continue;
     unpackPanel(w.dtype, rows, rowBytes, w.K, cols, panel);
     if (mins) panelRows<true>(PanelSource{panel}, x, T, nb, y + n, w.N, cols);
