@@ -428,13 +428,32 @@ void kRows(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* 
   }
 }
 
-// The K-quant panel at `rows` (false for the other types).
-bool kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N) {
+// The K-quant panel at `rows`.
+void kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N) {
   switch (d) {
-    case DType::Q4_K: kRows<DType::Q4_K>(rows, rowBytes, cols, x, bs, T, nb, y, N); return true;
-    case DType::Q5_K: kRows<DType::Q5_K>(rows, rowBytes, cols, x, bs, T, nb, y, N); return true;
-    case DType::Q6_K: kRows<DType::Q6_K>(rows, rowBytes, cols, x, bs, T, nb, y, N); return true;
-    default: return false;
+    case DType::Q4_K: return kRows<DType::Q4_K>(rows, rowBytes, cols, x, bs, T, nb, y, N);
+    case DType::Q5_K: return kRows<DType::Q5_K>(rows, rowBytes, cols, x, bs, T, nb, y, N);
+    case DType::Q6_K: return kRows<DType::Q6_K>(rows, rowBytes, cols, x, bs, T, nb, y, N);
+    default: throw std::invalid_argument("not a K-quant");
+  }
+}
+
+// Columns per block of a K-quant matmul over more rows than a tile holds: each block's weights
+// (74–220 KiB of Q4_K at K = 1024–3072, in L2) are read once per tile of rows, whose activations
+// stay in L1. Panel by panel, every tile's activations went through L1 once a panel: 720 KiB of
+// them at 512 rows of K = 1024.
+constexpr int kKBlockCols = 32 * kQPanel;
+
+// Columns [n0, n1) of a K-quant matrix at `base` for all T rows, tile by tile within each block of
+// columns (a row's result does not depend on its tile or block).
+void kMatmul(DType d, const uint8_t* base, size_t rowBytes, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N, int n0, int n1) {
+  for (int c0 = n0; c0 < n1; c0 += kKBlockCols) {
+    const int c1 = std::min(n1, c0 + kKBlockCols);
+    for (int t = 0; t < T; t += kKTileRows) {
+      const size_t at = static_cast<size_t>(t) * nb;
+      for (int n = c0; n < c1; n += kQPanel)
+        kPanel(d, base + rowBytes * n, rowBytes, std::min(kQPanel, c1 - n), x + at, bs + at, std::min(kKTileRows, T - t), nb, y + static_cast<size_t>(t) * N + n, N);
+    }
   }
 }
 
@@ -508,16 +527,15 @@ void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float
   const bool mins = quantHasMins(w.dtype);
   // The K-quant order's bs (quant.h) of every block, `half` as one int32, in one place: a
   // superblock's eight are one load in kTile (gathered there, once a panel, they cost 15 %).
-  static thread_local std::vector<int32_t> bs;
-  const bool kQuant = actScaleBlocks(w.dtype) > 1;
-  if (kQuant) {
+  if (actScaleBlocks(w.dtype) > 1) {
+    static thread_local std::vector<int32_t> bs;
     bs.resize(static_cast<size_t>(T) * nb);
     for (size_t b = 0; b < bs.size(); b++) std::memcpy(&bs[b], x[b].half, sizeof(int32_t));
+    return kMatmul(w.dtype, static_cast<const uint8_t*>(w.data), rowBytes, x, bs.data(), T, nb, y, w.N, n0, n1);
   }
   for (int n = n0; n < n1; n += kQPanel) {
     const int cols = std::min(kQPanel, n1 - n);
     const uint8_t* rows = static_cast<const uint8_t*>(w.data) + rowBytes * n;
-    if (kQuant && kPanel(w.dtype, rows, rowBytes, cols, x, bs.data(), T, nb, y + n, w.N)) continue;
     if (T <= inPlaceRows(w.dtype) && inPlace(w.dtype, rows, rowBytes, cols, x, T, nb, y + n, w.N)) continue;
     unpackPanel(w.dtype, rows, rowBytes, w.K, cols, panel);
     if (mins) panelRows<true>(PanelSource{panel}, x, T, nb, y + n, w.N, cols);
