@@ -409,31 +409,24 @@ void kTile(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* 
     for (int c = 0; c < cols; c++) y[static_cast<size_t>(r) * N + c] = hsum(_mm256_load_ps(acc[r][c]));
 }
 
-// All T rows against one panel of K-quant columns, in tiles of at most kKTileRows rows (a row's
-// result does not depend on its tile).
+// One tile of R ≤ kKTileRows rows against one panel of K-quant columns, by its row count.
 template <DType D>
-void kRows(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N) {
-  for (int t = 0; t < T; t += kKTileRows) {
-    const int R = std::min(kKTileRows, T - t);
-    const QuantActBlock* xt = x + static_cast<size_t>(t) * nb;
-    const int32_t* bt = bs + static_cast<size_t>(t) * nb;
-    float* yt = y + static_cast<size_t>(t) * N;
-    switch (R) {
-      case 1: kTile<D, 1>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
-      case 2: kTile<D, 2>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
-      case 3: kTile<D, 3>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
-      case 4: kTile<D, 4>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
-      default: kTile<D, 0>(rows, rowBytes, cols, xt, bt, R, nb, yt, N); break;
-    }
+void kRows(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int R, int nb, float* y, int N) {
+  switch (R) {
+    case 1: return kTile<D, 1>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+    case 2: return kTile<D, 2>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+    case 3: return kTile<D, 3>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+    case 4: return kTile<D, 4>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+    default: return kTile<D, 0>(rows, rowBytes, cols, x, bs, R, nb, y, N);
   }
 }
 
-// The K-quant panel at `rows`.
-void kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N) {
+// One tile of rows against the K-quant panel at `rows`.
+void kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int R, int nb, float* y, int N) {
   switch (d) {
-    case DType::Q4_K: return kRows<DType::Q4_K>(rows, rowBytes, cols, x, bs, T, nb, y, N);
-    case DType::Q5_K: return kRows<DType::Q5_K>(rows, rowBytes, cols, x, bs, T, nb, y, N);
-    case DType::Q6_K: return kRows<DType::Q6_K>(rows, rowBytes, cols, x, bs, T, nb, y, N);
+    case DType::Q4_K: return kRows<DType::Q4_K>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+    case DType::Q5_K: return kRows<DType::Q5_K>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+    case DType::Q6_K: return kRows<DType::Q6_K>(rows, rowBytes, cols, x, bs, R, nb, y, N);
     default: throw std::invalid_argument("not a K-quant");
   }
 }
@@ -444,8 +437,8 @@ void kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const Quant
 // them at 512 rows of K = 1024.
 constexpr int kKBlockCols = 32 * kQPanel;
 
-// Columns [n0, n1) of a K-quant matrix at `base` for all T rows, tile by tile within each block of
-// columns (a row's result does not depend on its tile or block).
+// Columns [n0, n1) of a K-quant matrix at `base` for all T rows, in tiles of at most kKTileRows
+// rows within each block of columns (a row's result does not depend on its tile or block).
 void kMatmul(DType d, const uint8_t* base, size_t rowBytes, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N, int n0, int n1) {
   for (int c0 = n0; c0 < n1; c0 += kKBlockCols) {
     const int c1 = std::min(n1, c0 + kKBlockCols);
@@ -517,22 +510,22 @@ bool inPlace(DType d, const uint8_t* rows, size_t rowBytes, int cols, const Quan
 
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
   const int nb = w.K / kQBlock;
+  const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
+  if (actScaleBlocks(w.dtype) > 1) {
+    // The K-quant order's bs (quant.h) of every block, `half` as one int32, in one place: a
+    // superblock's eight are one load in kTile (gathered there, once a panel, they cost 13–16 %).
+    static thread_local std::vector<int32_t> bs;
+    bs.resize(static_cast<size_t>(T) * nb);
+    for (size_t b = 0; b < bs.size(); b++) std::memcpy(&bs[b], x[b].half, sizeof(int32_t));
+    return kMatmul(w.dtype, static_cast<const uint8_t*>(w.data), rowBytes, x, bs.data(), T, nb, y, w.N, n0, n1);
+  }
   static thread_local std::vector<int8_t> q;
   static thread_local std::vector<float> dv, m;
   q.resize(static_cast<size_t>(kQPanel) * w.K);
   dv.resize(static_cast<size_t>(kQPanel) * 8 * nb);
   m.resize(static_cast<size_t>(kQPanel) * nb);
   const Panel panel{q.data(), dv.data(), m.data()};
-  const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   const bool mins = quantHasMins(w.dtype);
-  // The K-quant order's bs (quant.h) of every block, `half` as one int32, in one place: a
-  // superblock's eight are one load in kTile (gathered there, once a panel, they cost 15 %).
-  if (actScaleBlocks(w.dtype) > 1) {
-    static thread_local std::vector<int32_t> bs;
-    bs.resize(static_cast<size_t>(T) * nb);
-    for (size_t b = 0; b < bs.size(); b++) std::memcpy(&bs[b], x[b].half, sizeof(int32_t));
-    return kMatmul(w.dtype, static_cast<const uint8_t*>(w.data), rowBytes, x, bs.data(), T, nb, y, w.N, n0, n1);
-  }
   for (int n = n0; n < n1; n += kQPanel) {
     const int cols = std::min(kQPanel, n1 - n);
     const uint8_t* rows = static_cast<const uint8_t*>(w.data) + rowBytes * n;
