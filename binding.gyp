@@ -30,6 +30,7 @@
         "native/kernels_mlx_avx512.cpp",
         "native/quantize.cpp",
         "native/quant_panels.cpp",
+        "native/kquant_rows.cpp",
         "native/roofline.cpp"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

@@ -20,8 +20,9 @@ constexpr int kParallelRows = 8;
 // F32/F16/BF16, GGUF's block-quantized types (see quant.h), and MLX's affine
 // 4- and 8-bit groups (see mlx_quant.h).
 // Q6_KW is not a file's type: a Q6_K matrix held in the amx set's panels, its weights widened to bytes
-// (quant_panels.h); a PackedMatrix's panelType, never its dtype.
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13, MLX4 = 20, MLX8 = 21, Q6_KW = 30 };
+// (quant_panels.h); Q4_KD and Q5_KD neither: Q4_K and Q5_K rows with their scales decoded, as the
+// AVX2 quantized matmul holds them (kquant_rows.h). Each is a PackedMatrix's panelType, never its dtype.
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 8, Q4_0 = 9, Q4_1 = 10, Q4_K = 11, Q5_K = 12, Q6_K = 13, MLX4 = 20, MLX8 = 21, Q6_KW = 30, Q4_KD = 31, Q5_KD = 32 };
 
 // MLX-quantized matrices: uint32 words of packed q plus a scale and a bias per group.
 inline bool isMlx(DType d) { return d == DType::MLX4 || d == DType::MLX8; }
@@ -55,7 +56,8 @@ struct PackedMatrix {
   const void* biases = nullptr;
   DType paramDtype = DType::BF16;
   int group = 0;
-  // Block-quantized matrices in VNNI panels: the layout the panel kernels read (dtype, or Q6_KW).
+  // Block-quantized matrices: the layout the set's kernel reads (dtype; in VNNI panels, or Q6_KW;
+  // Q4_KD or Q5_KD for the AVX2 kernel's Q4_K and Q5_K).
   DType panelType = DType::F32;
 };
 
@@ -102,6 +104,9 @@ MatmulQuantFn quantMatmulFor(const char* kernelSet);
 // them in place, where the VNNI lanes alone are faster on the file's 6-bit form).
 bool readsQuantPanels(MatmulQuantFn f);
 bool widensQ6Panels(MatmulQuantFn f);
+// Whether a quantized matmul reads Q4_K and Q5_K matrices as rows with their scales decoded at
+// load (Q4_KD, Q5_KD: kquant_rows.h), as the AVX2 one does.
+bool decodesKScales(MatmulQuantFn f);
 // MLX affine weights (w.dtype MLX4/MLX8): y[t, n] = Σ_k x[t, k] · w[n, k] for the columns
 // [n0, n1), all rows t < T, x in fp32 (T × K, natural order). Each weight is dequantized
 // exactly, w = fma(q, scale, bias) in fp32 (scale·q is exact for bf16/f16 scales, so this is
@@ -219,6 +224,7 @@ struct Kernels {
   // Whether matmulQuant reads block-quantized matrices in VNNI panels, packed at load.
   bool quantPanels() const { return readsQuantPanels(matmulQuant); }
   bool wideQ6Panels() const { return widensQ6Panels(matmulQuant); }
+  bool decodedKRows() const { return decodesKScales(matmulQuant); }
   // float32 mode on bf16 pair tiles, where the set reads bf16 weights so (nullptr: groups).
   MatmulPairsF32Fn matmulPairsF32 = nullptr;
   // MLX affine weights, chosen from the set's name in the same way.

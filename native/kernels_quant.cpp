@@ -37,17 +37,6 @@ const TypeInfo& info(DType d) {
 
 float f16At(const uint8_t* p) { return f16ToF32(static_cast<uint16_t>(p[0] | p[1] << 8)); }
 
-// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K/Q5_K block.
-void scaleMin(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 void fill8(float* dv, float v) { std::fill(dv, dv + 8, v); }
 
 // Dequantization, one block each, as ggml-quants.c's dequantize_row_*.
@@ -83,8 +72,8 @@ void dequantBlock(DType d, const uint8_t* b, float* y) {
       const uint8_t* q = b + (five ? 48 : 16);
       for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
         int s1, m1i, s2, m2i;
-        scaleMin(is, sc, &s1, &m1i);
-        scaleMin(is + 1, sc, &s2, &m2i);
+        kScaleMin(is, sc, &s1, &m1i);
+        kScaleMin(is + 1, sc, &s2, &m2i);
         const float d1 = dd * s1, m1 = dmin * m1i, d2 = dd * s2, m2 = dmin * m2i;
         const int u1 = 1 << is, u2 = 2 << is;
         for (int l = 0; l < 32; l++) y[j + l] = d1 * ((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
@@ -152,7 +141,7 @@ void decodeK(DType t, const uint8_t* b, KSuper& k) {
   const uint8_t* qs = b + (five ? 48 : 16);
   for (int j = 0; j < 8; j++) {
     int sc, mi;
-    scaleMin(j, b + 4, &sc, &mi);
+    kScaleMin(j, b + 4, &sc, &mi);
     for (int l = 0; l < 8; l++) k.scale[j][l] = sc;
     k.coef[2 * j] = k.coef[2 * j + 1] = mi;
     for (int l = 0; l < 32; l++) {
@@ -220,6 +209,16 @@ float dotK(DType t, const uint8_t* row, const QuantActBlock* x, int nb) {
 bool isKQuant(DType d) { return d == DType::Q4_K || d == DType::Q5_K || d == DType::Q6_K; }
 
 }  // namespace
+
+void kScaleMin(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
 
 size_t tensorBytes(DType d, size_t rows, size_t cols) {
   const TypeInfo& t = info(d);
@@ -337,5 +336,7 @@ MatmulQuantFn quantMatmulFor(const char* kernelSet) {
 bool readsQuantPanels(MatmulQuantFn f) { return f == matmulQuantPanels || f == matmulQuantAmx; }
 
 bool widensQ6Panels(MatmulQuantFn f) { return f == matmulQuantAmx; }
+
+bool decodesKScales(MatmulQuantFn f) { return f == matmulQuantAvx2; }
 
 }  // namespace weft

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <vector>
+#include "kquant_rows.h"
 #include "quant.h"
 
 #pragma GCC push_options
@@ -247,21 +248,20 @@ inline int sum8(__m256i s) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
 }
 
-// ---- The K-quants, read in place in quant.h's K-quant order ----
+// ---- The K-quants in quant.h's K-quant order: Q6_K read in place, Q4_K and Q5_K from rows
+// whose scales were decoded at load (Q4_KD, Q5_KD: kquant_rows.h) ----
 
-// Q5_K (176 bytes: Q4_K's d, dmin and scales, 32 bytes qh, then Q4_K's nibbles): block j's
-// fifth bit is bit j of qh's byte for each input.
-constexpr int kQ5KBytes = 176, kQ5KHigh = 16, kQ5KQuants = 48;
-
-// One superblock of one column as kTile reads it: block J's unsigned quants and int16 scale
-// lanes from its bytes, and its min coefficients c, d and cm (quant.h) decoded once for every
-// row of the tile.
+// One superblock of one column as kTile reads it (D: Q4_KD, Q5_KD or Q6_K): block J's unsigned
+// quants and int16 scale lanes from its bytes, and its min coefficients, d and cm (quant.h), made
+// once for every row of the tile.
 template <DType D>
 struct KColumn {
-  static constexpr size_t kBytes = D == DType::Q4_K ? kQ4KBytes : D == DType::Q5_K ? kQ5KBytes : kQ6KBytes;
+  static constexpr size_t kBytes = D == DType::Q4_KD ? q4kdrow::kBytes : D == DType::Q5_KD ? q5kdrow::kBytes : kQ6KBytes;
   const uint8_t* sb;
-  __m256i coef;     // c[e], e < 16, as int16
-  __m256i scales8;  // Q4_K, Q5_K: sc_j in byte j of every 64-bit lane
+  // The min coefficients, against kMatmul's table bs: Q4_KD, Q5_KD: m_j in int32 lane j (its
+  // high int16 zero), against block j's whole Σx; Q6_K: c[e], e < 16, as int16, against the halves.
+  __m256i coef;
+  __m256i scales8;  // Q4_KD, Q5_KD: sc_j in byte j of every 64-bit lane
   __m256i q6Half[2];  // Q6_K: its int16 scales 0–7, or 8–15, in both 128-bit lanes
   __m256 d, cm;     // in every lane
 
@@ -274,14 +274,12 @@ struct KColumn {
       d = _mm256_set1_ps(d16);
       cm = _mm256_set1_ps(-static_cast<float>(kQ6KBias) * d16);
     } else {
-      uint32_t w[3], sc03, sc47, mn03, mn47;
-      std::memcpy(w, sb + kQ4KScales, 12);
-      q4kScaleWords(w[0], w[1], w[2], &sc03, &sc47, &mn03, &mn47);
-      scales8 = _mm256_set1_epi64x(static_cast<long long>(sc03 | static_cast<uint64_t>(sc47) << 32));
-      const __m128i m = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn03 | static_cast<uint64_t>(mn47) << 32)));
-      coef = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));  // m_j for both 16s of block j
-      d = _mm256_set1_ps(f16At(sb));
-      cm = _mm256_set1_ps(-f16At(sb + 2));
+      long long sc;
+      std::memcpy(&sc, sb + q4kdrow::kScales, 8);
+      scales8 = _mm256_set1_epi64x(sc);
+      coef = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + q4kdrow::kMins)));
+      d = _mm256_broadcast_ss(reinterpret_cast<const float*>(sb + q4kdrow::kD));
+      cm = _mm256_broadcast_ss(reinterpret_cast<const float*>(sb + q4kdrow::kCm));
     }
   }
   // Block J's scale S(J, l) in int16 lanes 2l and 2l + 1 (vpmaddwd's pairs), one shuffle: Q4_K's
@@ -299,9 +297,9 @@ struct KColumn {
   // Block J's 32 unsigned quants.
   template <int J>
   __m256i quants() const {
-    if constexpr (D == DType::Q4_K) return __m256i(q4kQuants<J % 2 == 1>(U8x32(load32(sb + kQ4KQuants + 32 * (J / 2)))));
-    if constexpr (D == DType::Q5_K)
-      return __m256i(q4kQuants<J % 2 == 1>(U8x32(load32(sb + kQ5KQuants + 32 * (J / 2)))) | ((U8x32(load32(sb + kQ5KHigh)) >> J) & 1) << 4);
+    if constexpr (D == DType::Q4_KD) return __m256i(q4kQuants<J % 2 == 1>(U8x32(load32(sb + q4kdrow::kQs + 32 * (J / 2)))));
+    if constexpr (D == DType::Q5_KD)  // block j's fifth bit is bit j of qh's byte for each input
+      return __m256i(q4kQuants<J % 2 == 1>(U8x32(load32(sb + q5kdrow::kQs + 32 * (J / 2)))) | ((U8x32(load32(sb + q5kdrow::kQh)) >> J) & 1) << 4);
     constexpr int n = J / 4, k = J % 4;
     return __m256i(q6kBits<k>(U8x32(load32(sb + 64 * n + 32 * (k % 2))), U8x32(load32(sb + kQ6KHigh + 32 * n))));
   }
@@ -365,7 +363,7 @@ constexpr int kKDotRows = 4;
 // Rows per K-quant tile: their lane sums and activation scales wait in L1 between superblocks.
 constexpr int kKTileRows = 16;
 
-// y[r, c] for R ≤ kKTileRows activation rows × kQPanel columns read in place from `rows` (the
+// y[r, c] for R ≤ kKTileRows activation rows × kQPanel columns read from `rows` (the
 // first `cols` present and stored), in the K-quant order. Few > 0: R = Few ≤ kKDotRows, each block
 // decoded in registers; Few = 0: each superblock decoded once into L1 for all R rows, taken
 // kKDotRows at a time. (One function for both, each row count's case inlined, kept the sums on the
@@ -421,13 +419,13 @@ void kRows(const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* 
   }
 }
 
-// One tile of rows against the K-quant panel at `rows`.
-void kPanel(DType d, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int R, int nb, float* y, int N) {
-  switch (d) {
-    case DType::Q4_K: return kRows<DType::Q4_K>(rows, rowBytes, cols, x, bs, R, nb, y, N);
-    case DType::Q5_K: return kRows<DType::Q5_K>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+// One tile of rows against the K-quant panel at `rows` (held as `held`: Q4_KD, Q5_KD or Q6_K).
+void kPanel(DType held, const uint8_t* rows, size_t rowBytes, int cols, const QuantActBlock* x, const int32_t* bs, int R, int nb, float* y, int N) {
+  switch (held) {
+    case DType::Q4_KD: return kRows<DType::Q4_KD>(rows, rowBytes, cols, x, bs, R, nb, y, N);
+    case DType::Q5_KD: return kRows<DType::Q5_KD>(rows, rowBytes, cols, x, bs, R, nb, y, N);
     case DType::Q6_K: return kRows<DType::Q6_K>(rows, rowBytes, cols, x, bs, R, nb, y, N);
-    default: throw std::invalid_argument("not a K-quant");
+    default: throw std::invalid_argument("the avx2 set reads Q4_K and Q5_K matrices only as decoded rows (Q4_KD, Q5_KD)");
   }
 }
 
@@ -439,13 +437,13 @@ constexpr int kKBlockCols = 32 * kQPanel;
 
 // Columns [n0, n1) of a K-quant matrix at `base` for all T rows, in tiles of at most kKTileRows
 // rows within each block of columns (a row's result does not depend on its tile or block).
-void kMatmul(DType d, const uint8_t* base, size_t rowBytes, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N, int n0, int n1) {
+void kMatmul(DType held, const uint8_t* base, size_t rowBytes, const QuantActBlock* x, const int32_t* bs, int T, int nb, float* y, int N, int n0, int n1) {
   for (int c0 = n0; c0 < n1; c0 += kKBlockCols) {
     const int c1 = std::min(n1, c0 + kKBlockCols);
     for (int t = 0; t < T; t += kKTileRows) {
       const size_t at = static_cast<size_t>(t) * nb;
       for (int n = c0; n < c1; n += kQPanel)
-        kPanel(d, base + rowBytes * n, rowBytes, std::min(kQPanel, c1 - n), x + at, bs + at, std::min(kKTileRows, T - t), nb, y + static_cast<size_t>(t) * N + n, N);
+        kPanel(held, base + rowBytes * n, rowBytes, std::min(kQPanel, c1 - n), x + at, bs + at, std::min(kKTileRows, T - t), nb, y + static_cast<size_t>(t) * N + n, N);
     }
   }
 }
@@ -510,15 +508,22 @@ bool inPlace(DType d, const uint8_t* rows, size_t rowBytes, int cols, const Quan
 
 void matmulQuantAvx2(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
   const int nb = w.K / kQBlock;
-  const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   if (actScaleBlocks(w.dtype) > 1) {
-    // The K-quant order's bs (quant.h) of every block, `half` as one int32, in one place: a
-    // superblock's eight are one load in kTile (gathered there, once a panel, they cost 13–16 %).
+    // The K-quant order's bs (quant.h) of every block in one place, one int32 a block: `half` as it
+    // is for Q6_K, whose int16 coefficients take each half; for Q4_KD and Q5_KD, whose one int32
+    // coefficient m_j a block takes both, their sum (m_j·(h0 + h1) = m_j·h0 + m_j·h1, the same
+    // exact int32). A superblock's eight are one load in kTile (gathered there, once a panel,
+    // they cost 13–16 %).
     static thread_local std::vector<int32_t> bs;
     bs.resize(static_cast<size_t>(T) * nb);
-    for (size_t b = 0; b < bs.size(); b++) std::memcpy(&bs[b], x[b].half, sizeof(int32_t));
-    return kMatmul(w.dtype, static_cast<const uint8_t*>(w.data), rowBytes, x, bs.data(), T, nb, y, w.N, n0, n1);
+    if (w.panelType == DType::Q6_K)
+      for (size_t b = 0; b < bs.size(); b++) std::memcpy(&bs[b], x[b].half, sizeof(int32_t));
+    else
+      for (size_t b = 0; b < bs.size(); b++) bs[b] = x[b].half[0] + x[b].half[1];
+    const size_t rowBytes = w.panelType == DType::Q6_K ? tensorBytes(w.dtype, 1, w.K) : decodedRowBytes(w.panelType, w.K);
+    return kMatmul(w.panelType, static_cast<const uint8_t*>(w.data), rowBytes, x, bs.data(), T, nb, y, w.N, n0, n1);
   }
+  const size_t rowBytes = tensorBytes(w.dtype, 1, w.K);
   static thread_local std::vector<int8_t> q;
   static thread_local std::vector<float> dv, m;
   q.resize(static_cast<size_t>(kQPanel) * w.K);

@@ -1,6 +1,6 @@
 // The Q4_K and Q6_K superblocks (ggml's block_q4_K, block_q6_K) as the vector kernels
 // read them: their layout and one decoder per field, shared by the AVX2 kernel
-// (kernels_quant_avx2.cpp: in-place reads) and the VNNI panel
+// (kernels_quant_avx2.cpp: the quants, whose bytes its decoded rows keep) and the VNNI panel
 // kernels (quant_panel_units.h, for kernels_quant_panels.cpp and kernels_quant_amx.cpp),
 // which must read the same values. The portable reference is unpackRowScalar
 // (kernels_quant.cpp).

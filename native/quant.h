@@ -8,8 +8,9 @@
 // scalar sets (bit-identical) dot the 32-element types' rows unpacked into L1 to int8 values
 // with eight fp32 lane scales and a "min" coefficient, every row of the step against the
 // unpacked rows (steps of up to 4 rows, 8 for Q8_0, read them in place instead, to the same
-// values), and read the K-quants in place, summing a superblock's blocks in integers under
-// their integer scales (the K-quant order below). The AVX-512 sets with VNNI (and the amx set) read the
+// values), and read the K-quants a superblock at a time (the AVX2 set: Q4_K and Q5_K from rows
+// whose scales it decoded at load, kquant_rows.h), summing a superblock's blocks in integers
+// under their integer scales (the K-quant order below). The AVX-512 sets with VNNI (and the amx set) read the
 // matrices in VNNI panels instead, in their own order (matmulQuantPanels).
 #pragma once
 #include <cstddef>
@@ -71,6 +72,10 @@ int blockElems(DType d);
 bool quantHasMins(DType d);
 // "f32", "q4_k", ... → DType; throws std::invalid_argument for any other name.
 DType dtypeFromName(const std::string& name);
+
+// ggml's get_scale_min_k4: the 6-bit scale and min of block j (0–7) of a Q4_K/Q5_K superblock,
+// from its 12 scale bytes `q`.
+void kScaleMin(int j, const uint8_t* q, int* sc, int* m);
 
 // Row `r` of a quantized (rows × cols) tensor dequantized exactly as llama.cpp's
 // dequantize_row_* computes it (the embedding lookup).

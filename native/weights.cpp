@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include "mlx_quant.h"
 #include "quant.h"
+#include "kquant_rows.h"
 #include "quant_panels.h"
 
 namespace weft {
@@ -80,6 +81,13 @@ PackedMatrix PackedStore::packQuantized(const Tensor& t, const Kernels& k) {
     p.Np = (t.rows + kPanelCols - 1) / kPanelCols * kPanelCols;
     auto* mem = static_cast<uint8_t*>(reserve(panelBytes(p.panelType, t.rows, t.cols)));
     packQuantPanels(p.panelType, static_cast<const uint8_t*>(t.data), t.rows, t.cols, mem);
+    p.data = mem;
+    return p;
+  }
+  if (k.decodedKRows() && decodedRowsOf(t.dtype) != t.dtype) {
+    p.panelType = decodedRowsOf(t.dtype);
+    auto* mem = static_cast<uint8_t*>(reserve(decodedRowBytes(p.panelType, t.cols) * t.rows));
+    packDecodedRows(p.panelType, static_cast<const uint8_t*>(t.data), t.rows, t.cols, mem);
     p.data = mem;
     return p;
   }

@@ -49,8 +49,9 @@ class PackedStore {
   // Repacks `t` (N × K) into kernel-tile order, in its own dtype.
   PackedMatrix pack(const Tensor& t, int chunk);
   // Copies a block-quantized `t` as the set k reads it: as it is (rows of ggml blocks, which the
-  // lane kernels read a column group's rows at a time), or permuted into VNNI panels (quant_panels.h)
-  // where k.quantPanels(), of the panel type k gives its dtype.
+  // lane kernels read a column group's rows at a time), permuted into VNNI panels (quant_panels.h)
+  // where k.quantPanels(), of the panel type k gives its dtype, or for Q4_K and Q5_K as rows with
+  // their scales decoded (kquant_rows.h) where k.decodedKRows().
   PackedMatrix packQuantized(const Tensor& t, const Kernels& k);
   // Copies an MLX-quantized `t` as it is: its words, scales and biases.
   PackedMatrix packMlx(const Tensor& t);

@@ -9,7 +9,7 @@
 // a step, and with one or two they stay in cache: the kernel's compute rate. Not part of the
 // addon or the tests. Build after the addon (it links the addon's own objects):
 //   O=build/Release/obj.target/weft_native/native
-//   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o
+//   g++ -O2 -std=c++17 -fopenmp -Inative -o /tmp/matmul-timing native/tools/matmul-timing.cpp $O/kernels*.o $O/matmul.o $O/quantize.o $O/quant_panels.o $O/kquant_rows.o
 // Usage: matmul-timing ROWS K N [bf16|f32-bf16|f32-pairs|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [COPIES]   (WEFT_ISA and OMP_NUM_THREADS apply;
 //   CALLS sets the calls per timing, 20 or COPIES by default: more for `perf record`)
 #include <sys/mman.h>
@@ -22,6 +22,7 @@
 #include "kernels.h"
 #include "ops.h"
 #include "quant.h"
+#include "kquant_rows.h"
 #include "quant_panels.h"
 
 using namespace weft;
@@ -89,24 +90,30 @@ int main(int argc, char** argv) {
     fprintf(stderr, "f32-bf16: K must be a multiple of %d and N of %d\n", k.chunk, kPackCols);
     return 1;
   }
-  const bool panels = k.quantPanels() && dt != DType::BF16;  // held as the addon holds them (PackedStore::packQuantized)
-  const DType panel = panelTypeOf(dt, k.wideQ6Panels());
-  const size_t bytes = dt == DType::BF16 ? static_cast<size_t>(N) * K * 2 : panels ? panelBytes(panel, N, K) : tensorBytes(dt, N, K);
+  // Held as the addon holds them (PackedStore::packQuantized): in panels, or as decoded rows.
+  const bool panels = k.quantPanels() && dt != DType::BF16;
+  const bool decoded = !panels && k.decodedKRows() && decodedRowsOf(dt) != dt;
+  const DType panel = decoded ? decodedRowsOf(dt) : panelTypeOf(dt, k.wideQ6Panels());
+  const size_t bytes = dt == DType::BF16 ? static_cast<size_t>(N) * K * 2
+                       : panels         ? panelBytes(panel, N, K)
+                       : decoded        ? decodedRowBytes(panel, K) * N
+                                        : tensorBytes(dt, N, K);
   uint8_t* data = randomWeights(dt, bytes * copies);
   if (!data) {
     fprintf(stderr, "cannot allocate %zu bytes of weights\n", bytes * copies);
     return 1;
   }
   std::vector<PackedMatrix> ws(copies);
-  std::vector<uint8_t> rows(panels ? tensorBytes(dt, N, K) : 0);
+  std::vector<uint8_t> rows(panels || decoded ? tensorBytes(dt, N, K) : 0);
   for (int c = 0; c < copies; c++) {
-    if (panels) {  // random rows (as randomWeights makes them) into panels
+    if (panels || decoded) {  // random rows (as randomWeights makes them) into panels or decoded rows
       std::memcpy(rows.data(), data + bytes * c, rows.size());
-      packQuantPanels(panel, rows.data(), N, K, data + bytes * c);
+      if (panels) packQuantPanels(panel, rows.data(), N, K, data + bytes * c);
+      else packDecodedRows(panel, rows.data(), N, K, data + bytes * c);
     }
     ws[c].data = data + bytes * c;
     ws[c].dtype = dt;
-    ws[c].panelType = panels ? panel : dt;
+    ws[c].panelType = panels || decoded ? panel : dt;
     ws[c].pairTiles = bf16 || pairs;
     ws[c].N = ws[c].Np = N;
     ws[c].K = ws[c].Kp = K;
