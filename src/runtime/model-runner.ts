@@ -5,6 +5,7 @@
  */
 import { loadNative, type ComputeDtype, type Device, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeModelSpec, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
 import { ropeInvFreq, type RopeScaling } from "./rope.js";
+import { buildStepInput, type StepInput } from "./step-input.js";
 
 /** The sampling settings the kernel reads (an engine's request params carry more). */
 export interface RunnerSampling {
@@ -147,15 +148,6 @@ export function kvElementBytes(kv: KvCacheDtype): 2 | 4 {
   return kv === "float32" ? 4 : 2;
 }
 
-const GREEDY: RunnerSampling = {
-  temperature: 0, topP: 1, topK: 0, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0, seed: 0, logprobs: 0,
-};
-
-/** Whether any penalty needs the request's token history. */
-function usesPenalties(p: RunnerSampling): boolean {
-  return p.repetitionPenalty !== 1 || p.presencePenalty !== 0 || p.frequencyPenalty !== 0;
-}
-
 export class ModelRunner {
   private constructor(
     readonly native: NativeModel,
@@ -224,100 +216,8 @@ export class ModelRunner {
     return this.native.dispose();
   }
 
-  private buildInput(seqs: readonly RunnerSequence[]): NativeStepInput & { rowsPerSeq: number[]; sources: { at: number; make: MaskSource }[] } {
-    const bs = this.kv.blockSize;
-    const T = seqs.reduce((n, s) => n + s.tokenIds.length, 0);
-    const maxBlocks = Math.max(1, ...seqs.map((s) => Math.ceil((s.startPosition + s.tokenIds.length) / bs)));
-    const tokens = new Int32Array(T), positions = new Int32Array(T), slotMapping = new Int32Array(T);
-    const seqStarts = new Int32Array(seqs.length + 1), contextLens = new Int32Array(seqs.length);
-    const blockTables = new Int32Array(seqs.length * maxBlocks).fill(-1);
-    const sampleRows: number[] = [], params: RunnerSampling[] = [], counters: number[] = [], rowsPerSeq: number[] = [];
-    const prompt: number[][] = [], output: number[][] = [], bias: (readonly [number, number])[][] = [];
-    const masks: (Int32Array | MaskSource | undefined)[] = [];
-    const scoreRows: number[] = [], scoreTargets: number[] = [], scoreTopN: number[] = [];
-    let row = 0;
-    seqs.forEach((s, b) => {
-      seqStarts[b] = row;
-      const ctx = s.startPosition + s.tokenIds.length;
-      contextLens[b] = ctx;
-      for (let i = 0; i < Math.ceil(ctx / bs); i++) blockTables[b * maxBlocks + i] = s.blockTable[i] ?? -1;
-      s.tokenIds.forEach((id, i) => {
-        const pos = s.startPosition + i;
-        tokens[row + i] = id;
-        positions[row + i] = pos;
-        slotMapping[row + i] = (s.blockTable[Math.floor(pos / bs)] ?? -1) * bs + (pos % bs);
-      });
-      const first = s.allLogits ? 0 : s.tokenIds.length - 1;
-      const rows = s.allLogits || s.sample ? s.tokenIds.length - first : 0;
-      rowsPerSeq.push(rows);
-      for (let i = first; rows > 0 && i < s.tokenIds.length; i++) {
-        sampleRows.push(row + i);
-        const req = s.sample && i === s.tokenIds.length - 1 ? s.sample : null;
-        params.push(req ? req.params : GREEDY);
-        counters.push(req ? req.counter : 0);
-        bias.push(req ? [...(req.params.logitBias ?? []), ...(req.banned ?? []).map((id) => [id, -Infinity] as const)] : []);
-        masks.push(req?.mask);
-        const penal = req && usesPenalties(req.params);
-        prompt.push(penal ? [...req.promptIds] : []);
-        output.push(penal ? [...req.outputIds] : []);
-      }
-      s.score?.targets.forEach((target, i) => {
-        scoreRows.push(row + s.score!.firstRow + i);
-        scoreTargets.push(target);
-        scoreTopN.push(s.score!.topN);
-      });
-      row += s.tokenIds.length;
-    });
-    seqStarts[seqs.length] = row;
-    const flat = (lists: number[][]): [Int32Array, Int32Array] => {
-      const offsets = new Int32Array(lists.length + 1);
-      lists.forEach((l, i) => (offsets[i + 1] = offsets[i]! + l.length));
-      return [offsets, Int32Array.from(lists.flat())];
-    };
-    const [promptOffsets, promptTokens] = flat(prompt);
-    const [outputOffsets, outputTokens] = flat(output);
-    const [biasOffsets, biasIds] = flat(bias.map((b) => b.map(([id]) => id)));
-    return {
-      tokens, positions, seqStarts, slotMapping, blockTables, contextLens, maxBlocks,
-      sampleRows: Int32Array.from(sampleRows),
-      temperature: Float32Array.from(params, (p) => p.temperature),
-      topP: Float32Array.from(params, (p) => p.topP),
-      topK: Int32Array.from(params, (p) => p.topK),
-      minP: Float32Array.from(params, (p) => p.minP),
-      repetitionPenalty: Float32Array.from(params, (p) => p.repetitionPenalty),
-      presencePenalty: Float32Array.from(params, (p) => p.presencePenalty),
-      frequencyPenalty: Float32Array.from(params, (p) => p.frequencyPenalty),
-      seeds: BigUint64Array.from(params, (p) => BigInt.asUintN(64, BigInt(p.seed))),
-      counters: Int32Array.from(counters),
-      numLogprobs: Int32Array.from(params, (p) => p.logprobs),
-      biasOffsets, biasIds, biasValues: Float32Array.from(bias.flat(), ([, v]) => v),
-      ...this.flatMasks(masks),
-      promptOffsets, promptTokens, outputOffsets, outputTokens,
-      scoreRows: Int32Array.from(scoreRows), scoreTargets: Int32Array.from(scoreTargets), scoreTopN: Int32Array.from(scoreTopN),
-      returnLogits: seqs.some((s) => s.allLogits),
-      rowsPerSeq,
-    };
-  }
-
-  /**
-   * Each row's grammar mask, end to end; -1 offsets for rows without one. Masks still to be
-   * made get their place, filled by stepWhileMasking.
-   */
-  private flatMasks(rows: readonly (Int32Array | MaskSource | undefined)[]): Pick<NativeStepInput, "maskOffsets" | "masks" | "maskWords" | "masksPending"> & { sources: { at: number; make: MaskSource }[] } {
-    const maskWords = Math.ceil(this.vocab / 32);
-    const sources: { at: number; make: MaskSource }[] = [];
-    const masks = new Int32Array(rows.filter((m) => m !== undefined).length * maskWords);
-    const maskOffsets = new Int32Array(rows.length).fill(-1);
-    let at = 0;
-    rows.forEach((m, i) => {
-      if (!m) return;
-      if (typeof m === "function") sources.push({ at, make: m });
-      else if (m.length !== maskWords) throw new Error(`a token mask has ${m.length} words; the vocabulary needs ${maskWords}`);
-      else masks.set(m, at);
-      maskOffsets[i] = at;
-      at += maskWords;
-    });
-    return { maskOffsets, masks, maskWords, sources, ...(sources.length > 0 ? { masksPending: true } : {}) };
+  private buildInput(seqs: readonly RunnerSequence[]): StepInput {
+    return buildStepInput(seqs, this.kv.blockSize, this.vocab);
   }
 
   private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {
