@@ -3,7 +3,7 @@
  * the event loop, and hands back what each sequence sampled. The ground floor:
  * it takes plain data and imports nothing from engine/ or model/.
  */
-import { loadNative, type ComputeDtype, type Device, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeModelSpec, type NativeStepInput, type NativeStepOutput, type NativeWeights } from "./native.js";
+import { loadNative, type ComputeDtype, type Device, type KvCacheDtype, type NativeModel, type NativeModelInfo, type NativeModelSpec, type NativeStepOutput, type NativeWeights } from "./native.js";
 import { ropeInvFreq, type RopeScaling } from "./rope.js";
 import { buildStepInput, type StepInput } from "./step-input.js";
 
@@ -181,7 +181,7 @@ export class ModelRunner {
   }
 
   async execute(seqs: readonly RunnerSequence[]): Promise<StepResult> {
-    const input = this.buildInput(seqs);
+    const input = buildStepInput(seqs, this.kv.blockSize, this.vocab);
     const out = input.sources.length > 0 ? await this.stepWhileMasking(input) : await this.native.step(input);
     return this.unpack(seqs, out, input);
   }
@@ -191,7 +191,7 @@ export class ModelRunner {
    * worker thread, writing each into its place; the step samples once they are all in
    * (provideMasks). A mask that cannot be made fails the step after it ends.
    */
-  private async stepWhileMasking(input: NativeStepInput & { sources: { at: number; make: MaskSource }[] }): Promise<NativeStepOutput> {
+  private async stepWhileMasking(input: StepInput): Promise<NativeStepOutput> {
     const step = this.native.step(input);
     step.catch(() => undefined); // awaited below, after the masks
     let failure: unknown = null;
@@ -214,10 +214,6 @@ export class ModelRunner {
   /** Frees the weights and KV pool now (after a step in flight); later calls to execute() reject with "model disposed". */
   dispose(): Promise<void> {
     return this.native.dispose();
-  }
-
-  private buildInput(seqs: readonly RunnerSequence[]): StepInput {
-    return buildStepInput(seqs, this.kv.blockSize, this.vocab);
   }
 
   private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {
