@@ -273,7 +273,9 @@ class StepWorker : public Napi::AsyncWorker {
 
   void Execute() override {
     try {
-      runOnComputeThread([this] { out_ = model_->step(in_); });
+      const auto run = [this] { out_ = model_->step(in_); };
+      if (model_->needsComputeThread()) runOnComputeThread(run);
+      else run();
     } catch (const std::exception& e) {
       SetError(e.what());
     } catch (...) {

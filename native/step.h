@@ -116,6 +116,10 @@ class Backend {
   // "cpu" or "cuda", and the device's name (the CPU's kernel set, or the GPU's name).
   virtual const char* device() const = 0;
   virtual std::string deviceName() const = 0;
+  // Whether step() must run on the addon's compute thread (compute_thread.h), where every OpenMP
+  // region of the CPU model starts. A step that does not is run on the worker thread that took it:
+  // one thread hand-off fewer each way.
+  virtual bool needsComputeThread() const { return true; }
 };
 
 }  // namespace weft

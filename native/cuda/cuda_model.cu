@@ -194,6 +194,11 @@ class CudaModel : public Backend {
   const ModelConfig& config() const override { return cfg_; }
   const char* device() const override { return "cuda"; }
   std::string deviceName() const override { return name_; }
+  // A step launches its graph and waits on the GPU, so it runs on the libuv worker that took it:
+  // the compute thread's hand-off and back cost 10-80 us of a 1.3 ms one-sequence step on the H200
+  // host (GPU.md). The CPU sampler's one parallel region a step (rows not sampled on the GPU) then
+  // starts on that worker.
+  bool needsComputeThread() const override { return false; }
 
   Profile takeProfile() override {
     std::lock_guard<std::mutex> lock(mutex_);
