@@ -84,6 +84,17 @@ __global__ void rmsnormKernel(const float* x, const int32_t* rows, int n, const 
   for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = normed(xr[i], weight[i], inv);
 }
 
+// One block per row: its angles in fp32 as transformers computes them, cos/sin rounded once from
+// double (as the CPU path). Every layer's and head's qkvKernel reads them.
+__global__ void ropeTableKernel(const int32_t* positions, const float* invFreq, float scaling, int half, float2* out) {
+  const int t = blockIdx.x;
+  for (int d = threadIdx.x; d < half; d += blockDim.x) {
+    const float angle = static_cast<float>(positions[t]) * invFreq[d];
+    out[static_cast<size_t>(t) * half + d] = make_float2(static_cast<float>(cos(static_cast<double>(angle))) * scaling,
+                                                         static_cast<float>(sin(static_cast<double>(angle))) * scaling);
+  }
+}
+
 // One block per (row, head of q, k or v); blockDim.x = hd rounded up to a warp.
 template <class E>
 __global__ void qkvKernel(QkvArgs a) {
@@ -109,12 +120,11 @@ __global__ void qkvKernel(QkvArgs a) {
   __syncthreads();
   const int half = hd / 2;
   if (d < half) {
-    // The angle in fp32 as transformers computes it, cos/sin rounded once from double (as the CPU path).
-    const float angle = static_cast<float>(a.positions[t]) * a.invFreq[d];
-    const float c = static_cast<float>(cos(static_cast<double>(angle))) * a.attentionScaling;
-    const float s = static_cast<float>(sin(static_cast<double>(angle))) * a.attentionScaling;
+    const float2 cs = a.rope[static_cast<size_t>(t) * half + d];
+    const float c = cs.x, s = cs.y;
     const float lo = v[d], hi = v[d + half];
-    const float rlo = lo * c - hi * s, rhi = hi * c + lo * s;
+    // Products rounded before the sum, as transformers and the CPU path (no FMA contraction) compute it.
+    const float rlo = __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)), rhi = __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s));
     if (isQ) {
       row[d] = rlo;
       row[d + half] = rhi;
@@ -475,6 +485,13 @@ void rmsnormToBf16(const float* x, const int32_t* rows, int n, const float* weig
   if (count == 0) return;
   rmsnormKernel<<<count, 256, 0, s>>>(x, rows, n, weight, eps, out);
   launched("rmsnorm");
+}
+
+void ropeTable(const int32_t* positions, const float* invFreq, float attentionScaling, int T, int half, float2* out,
+               cudaStream_t s) {
+  if (T == 0) return;
+  ropeTableKernel<<<T, roundUp32(std::min(half, 256)), 0, s>>>(positions, invFreq, attentionScaling, half, out);
+  launched("rope");
 }
 
 void qkvNormRopeCache(const QkvArgs& a, cudaStream_t s) {

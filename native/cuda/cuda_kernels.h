@@ -26,14 +26,17 @@ struct QkvArgs {
   float* qkv;
   const float* bias;                  // (heads + 2·kvHeads)·hd, or null
   const float *qNorm, *kNorm;         // (hd) each, or null
-  const float* invFreq;               // (hd / 2)
-  float attentionScaling, eps;
+  const float2* rope;                 // (T, hd / 2): each row's cos and sin, from ropeTable
+  float eps;
   const int32_t *positions, *slots;   // (T)
   void *kCache, *vCache;              // this layer's pools: (slots, kvHeads, hd)
   KvElem kv;
   int T, heads, kvHeads, hd;
 };
 void qkvNormRopeCache(const QkvArgs& a, cudaStream_t s);
+// Each row's RoPE cos and sin, (T, hd / 2), made once a step for every layer and head that reads them.
+void ropeTable(const int32_t* positions, const float* invFreq, float attentionScaling, int T, int half, float2* out,
+               cudaStream_t s);
 
 // Causal attention of every row over its sequence's cached K/V (itself included), read through
 // the block table; out is (T, heads·hd) in bf16, the output projection's input.

@@ -292,6 +292,7 @@ class CudaModel : public Backend {
     moved |= xn_.grow(static_cast<size_t>(T) * std::max({H, I, qDim}), "activations");
     moved |= qkv_.grow(static_cast<size_t>(T) * qkvDim, "activations");
     moved |= gu_.grow(static_cast<size_t>(T) * 2 * I, "activations");
+    moved |= rope_.grow(static_cast<size_t>(T) * (cfg_.headDim / 2), "rope");
     if (S > 0) {
       moved |= rows_.grow(static_cast<size_t>(S) * H, "activations");
       moved |= logits_.grow(static_cast<size_t>(S) * cfg_.vocab, "logits");
@@ -369,14 +370,15 @@ class CudaModel : public Backend {
     const int H = cfg_.hidden, I = cfg_.intermediate, hd = cfg_.headDim;
     const int qDim = cfg_.heads * hd, qkvDim = (cfg_.heads + 2 * cfg_.kvHeads) * hd;
     cuda::embed(tokens_, T, embed_.get(), H, x_.get(), stream_);
+    cuda::ropeTable(positions_, invFreq_.get(), cfg_.attentionScaling, T, hd / 2, rope_.get(), stream_);
     for (int l = 0; l < cfg_.layers; l++) {
       const Layer& L = layers_[l];
       timed(&Profile::matmul, [&] { normedGemm(L.attnNorm.get(), T, L.qkv.get(), qkvDim, qkv_.get(), 0.0f); });
       char* kc = static_cast<char*>(kCache_) + kvLayerBytes_ * l;
       char* vc = static_cast<char*>(vCache_) + kvLayerBytes_ * l;
       timed(&Profile::attention, [&] {
-        cuda::qkvNormRopeCache({qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), invFreq_.get(), cfg_.attentionScaling,
-                                cfg_.rmsEps, positions_, slots_, kc, vc, kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
+        cuda::qkvNormRopeCache({qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), rope_.get(), cfg_.rmsEps, positions_,
+                                slots_, kc, vc, kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
                                stream_);
         cuda::pagedAttention({qkv_.get(), kc, vc, kvElem(), positions_, seqOf_, tables_, xn_.get(), T, cfg_.heads, cfg_.kvHeads, hd,
                               cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd))},
@@ -487,6 +489,7 @@ class CudaModel : public Backend {
   const int32_t *tokens_ = nullptr, *positions_ = nullptr, *slots_ = nullptr, *seqOf_ = nullptr, *tables_ = nullptr,
                 *sampleRows_ = nullptr;
   DeviceArray<float> x_, qkv_, gu_, logits_;
+  DeviceArray<float2> rope_;  // (T, hd / 2) cos and sin
   DeviceArray<bf16> xn_, rows_;
   DeviceArray<cuda::Greedy> greedy_;
   DeviceArray<cuda::GreedyPart> greedyParts_;
