@@ -143,6 +143,31 @@ test("cuda: a one-row decode step (RMSNorm folded into the GEMV, PDL) gives the 
   assert.equal(maxAbsDiff(alone, paired), 0, "the one-row path must give the same logits as the two-row path");
 });
 
+// A row past kAttnChunk (512) keys is split over blocks and merged (flash decoding): a decode row at
+// 1,300 cached tokens (3 chunks) against the CPU's float32 attention, which never splits, and alone
+// against beside a short row (the split depends on the row's own length, not on the batch).
+test("cuda: a long row's attention, split into chunks of keys, matches the CPU's float32 path and is the same beside a short row", { skip }, async () => {
+  const dir = makeModel({ preset: "small", out: tempDir() });
+  const long = Array.from({ length: 1300 }, (_, i) => 100 + ((i * 7919) % 5000)), short = Array.from({ length: 30 }, (_, i) => 900 + i * 53);
+  const decode = (ids: number[], offset: number): RunnerSequence =>
+    ({ tokenIds: [ids.length % 97], startPosition: ids.length, blockTable: blocks(ids.length + 1, offset), sample: null, allLogits: true });
+  const run = async (device: "cpu" | "cuda"): Promise<{ alone: Float32Array; paired: Float32Array }> => {
+    const kv = device === "cuda" ? "bfloat16" : "float32";
+    const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 200, blockSize: BLOCK, dtype: kv }, kv, device);
+    await runner.execute([{ ...prefill(long, 1), allLogits: false }, { ...prefill(short, 190), allLogits: false }]);
+    const alone = (await runner.execute([decode(long, 1)])).logits![0]!;
+    const paired = (await runner.execute([decode(short, 190), decode(long, 1)])).logits![1]!;
+    await runner.dispose();
+    return { alone, paired };
+  };
+  const gpu = await run("cuda"), cpu = await run("cpu");
+  const scale = cpu.alone.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+  const diff = maxAbsDiff(gpu.alone, cpu.alone);
+  console.log(`cuda: a decode row at 1,300 keys (3 chunks): max |Δlogit| against the CPU's float32 ${diff.toExponential(3)} (logit scale ${scale.toFixed(3)})`);
+  assert.equal(maxAbsDiff(gpu.alone, gpu.paired), 0, "a split row must give the same bits beside another row");
+  assert.ok(diff / scale < 2e-2, `the split row differs from float32 attention by ${diff}`);
+});
+
 test("--device: auto picks cuda exactly when a GPU is visible; cuda computes in bfloat16; the device shows on /v1/models and in the log", async () => {
   assert.equal(resolveDevice("auto"), gpus.length > 0 ? "cuda" : "cpu");
   assert.equal(resolveDevice("cpu"), "cpu");

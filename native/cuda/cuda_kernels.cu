@@ -139,8 +139,8 @@ __global__ void qkvKernel(QkvArgs a) {
 constexpr int kAttnWarps = 8;
 constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are in flight together
 
-// One block per (row, KV head) and the G query heads sharing it (G = 1: one block per query head),
-// kAttnWarps warps splitting the keys; each lane holds head dimensions lane, lane + 32, ... (DPL of
+// One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1: one
+// block per query head), kAttnWarps warps splitting the chunk's keys; each lane holds head dimensions lane, lane + 32, ... (DPL of
 // them). Each key and value is loaded once for the G heads. Online softmax in fp32, merged across
 // warps at the end. Per query head the operations and their order do not depend on G.
 template <class E, int DPL, int G>
@@ -164,15 +164,20 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
     l[g] = 0.0f;
   }
   const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
+  // This block's keys k0 .. k1. How a row's keys are split depends on its length alone, never on the
+  // batch; a row of one chunk is computed as it was before chunks existed.
+  const int chunks = last / kAttnChunk + 1, c = blockIdx.z;
+  if (c >= chunks) return;
+  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
   // Warp w takes keys w, w + kAttnWarps, ...; kAttnUnroll of them per iteration, loaded before any is used.
-  for (int base = warp; base <= last; base += kAttnWarps * kAttnUnroll) {
+  for (int base = k0 + warp; base <= k1; base += kAttnWarps * kAttnUnroll) {
     float kr[kAttnUnroll][DPL], vr[kAttnUnroll][DPL];
 #pragma unroll
     for (int u = 0; u < kAttnUnroll; u++) {
-      const int key = min(base + u * kAttnWarps, last);  // past the end: a valid key, ignored below
+      const int key = min(base + u * kAttnWarps, k1);  // past the end: a valid key, ignored below
       const size_t at = ((static_cast<size_t>(table[key / a.blockSize]) * a.blockSize + key % a.blockSize) * a.kvHeads + kvh) * hd;
 #pragma unroll
       for (int j = 0; j < DPL; j++) {
@@ -193,7 +198,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
       }
 #pragma unroll
       for (int u = 0; u < kAttnUnroll; u++) {
-        if (base + u * kAttnWarps > last) break;
+        if (base + u * kAttnWarps > k1) break;
         const float mNew = fmaxf(m[g], score[u]);
         const float corr = __expf(m[g] - mNew), p = __expf(score[u] - mNew);
         l[g] = l[g] * corr + p;
@@ -219,12 +224,38 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
     float L = 0.0f;
     for (int w = 0; w < kAttnWarps; w++) L += ls[w] * __expf(ms[w] - M);  // a warp with no key has l = 0
     bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h0 + g) * hd;
+    float* part = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h0 + g) * a.chunks + c) * (hd + 2) : nullptr;
+    if (chunks > 1 && threadIdx.x == 0) {
+      part[0] = M;
+      part[1] = L;
+    }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
       float o = 0.0f;
       for (int w = 0; w < kAttnWarps; w++) o += accs[w][d] * __expf(ms[w] - M);
-      out[d] = __float2bfloat16_rn(o / L);
+      if (chunks > 1) part[2 + d] = o;
+      else out[d] = __float2bfloat16_rn(o / L);
     }
     __syncthreads();  // ms, ls and accs are rewritten for the next head
+  }
+}
+
+// One block per (row, query head) of a row split into chunks: the chunks' partials merged in chunk
+// order, as the warps' are inside a block. Rows of one chunk were written by attentionKernel.
+__global__ void attentionMergeKernel(AttentionArgs a) {
+  allowDependents();  // the output projection may start loading its weights
+  const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const int chunks = a.positions[t] / kAttnChunk + 1;
+  if (chunks == 1) return;
+  const float* part = a.partial + (static_cast<size_t>(t) * a.heads + h) * a.chunks * (hd + 2);
+  float M = -FLT_MAX;
+  for (int c = 0; c < chunks; c++) M = fmaxf(M, part[c * (hd + 2)]);
+  float L = 0.0f;
+  for (int c = 0; c < chunks; c++) L += part[c * (hd + 2) + 1] * __expf(part[c * (hd + 2)] - M);
+  bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int c = 0; c < chunks; c++) o += part[c * (hd + 2) + 2 + d] * __expf(part[c * (hd + 2)] - M);
+    out[d] = __float2bfloat16_rn(o / L);
   }
 }
 
@@ -460,9 +491,10 @@ void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
   }();
   const int group = a.heads / a.kvHeads, threads = kAttnWarps * 32;
   const auto fits = [&](int g) { return group % g == 0 && g * DPL <= 16 && static_cast<long>(a.T) * a.heads / g >= 4L * sms; };
-  if (fits(4)) attentionKernel<E, DPL, 4><<<dim3(a.T, a.heads / 4), threads, 0, s>>>(a);
-  else if (fits(2)) attentionKernel<E, DPL, 2><<<dim3(a.T, a.heads / 2), threads, 0, s>>>(a);
-  else attentionKernel<E, DPL, 1><<<dim3(a.T, a.heads), threads, 0, s>>>(a);
+  if (fits(4)) attentionKernel<E, DPL, 4><<<dim3(a.T, a.heads / 4, a.chunks), threads, 0, s>>>(a);
+  else if (fits(2)) attentionKernel<E, DPL, 2><<<dim3(a.T, a.heads / 2, a.chunks), threads, 0, s>>>(a);
+  else attentionKernel<E, DPL, 1><<<dim3(a.T, a.heads, a.chunks), threads, 0, s>>>(a);
+  if (a.chunks > 1) attentionMergeKernel<<<dim3(a.T, a.heads), roundUp32(std::min(a.hd, 256)), 0, s>>>(a);
 }
 
 template <class E>

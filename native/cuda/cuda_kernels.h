@@ -48,8 +48,15 @@ struct AttentionArgs {
   bf16* out;
   int T, heads, kvHeads, hd, blockSize, maxBlocks;
   float scale;
+  // A row with more than kAttnChunk keys is split into chunks of them, one block each, whose partial
+  // (max, sum, unnormalised output) land here, (T, heads, chunks, hd + 2), and are merged after.
+  float* partial;
+  int chunks;  // attentionChunks(maxBlocks · blockSize)
 };
 void pagedAttention(const AttentionArgs& a, cudaStream_t s);
+constexpr int kAttnChunk = 512;
+// Chunks of the longest row a step's block tables can hold: the partial buffer's third dimension.
+inline int attentionChunks(int maxKeys) { return (maxKeys + kAttnChunk - 1) / kAttnChunk; }
 
 // y (T × N, fp32) = x (T × K, bf16) · wᵀ (N × K, bf16) + beta · y, for few rows (T <= kSkinnyRows,
 // K a multiple of 8): one warp per output column streams its weight row once with 16-byte loads, so a

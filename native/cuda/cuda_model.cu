@@ -293,6 +293,8 @@ class CudaModel : public Backend {
     moved |= qkv_.grow(static_cast<size_t>(T) * qkvDim, "activations");
     moved |= gu_.grow(static_cast<size_t>(T) * 2 * I, "activations");
     moved |= rope_.grow(static_cast<size_t>(T) * (cfg_.headDim / 2), "rope");
+    const int chunks = cuda::attentionChunks(in.maxBlocks * cfg_.blockSize);
+    if (chunks > 1) moved |= partial_.grow(static_cast<size_t>(T) * cfg_.heads * chunks * (cfg_.headDim + 2), "attention chunks");
     if (S > 0) {
       moved |= rows_.grow(static_cast<size_t>(S) * H, "activations");
       moved |= logits_.grow(static_cast<size_t>(S) * cfg_.vocab, "logits");
@@ -381,7 +383,8 @@ class CudaModel : public Backend {
                                 slots_, kc, vc, kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
                                stream_);
         cuda::pagedAttention({qkv_.get(), kc, vc, kvElem(), positions_, seqOf_, tables_, xn_.get(), T, cfg_.heads, cfg_.kvHeads, hd,
-                              cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd))},
+                              cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd)), partial_.get(),
+                              cuda::attentionChunks(in.maxBlocks * cfg_.blockSize)},
                              stream_);
       });
       // The residual add is the GEMM's beta = 1.
@@ -490,6 +493,7 @@ class CudaModel : public Backend {
                 *sampleRows_ = nullptr;
   DeviceArray<float> x_, qkv_, gu_, logits_;
   DeviceArray<float2> rope_;  // (T, hd / 2) cos and sin
+  DeviceArray<float> partial_;  // attention's per-chunk partials, for rows longer than kAttnChunk keys
   DeviceArray<bf16> xn_, rows_;
   DeviceArray<cuda::Greedy> greedy_;
   DeviceArray<cuda::GreedyPart> greedyParts_;
