@@ -2,8 +2,9 @@
  * The CUDA backend on the fixtures: logits within transformers' own CUDA bf16 band of the float32
  * references (for each KV cache element), greedy continuations through the paged cache equal to the
  * reference's except at near-ties, a prefill split into chunks equal to one pass up to rounding,
- * batch invariance within its documented limit, the GPU's greedy sampling equal to the CPU
- * sampler's, and the device on /v1/models and in the start-up log. Where the addon has no CUDA
+ * batch invariance within its documented limit, a long row's attention split into chunks of keys
+ * against the CPU's float32 path, the GPU's greedy sampling equal to the CPU sampler's, and the
+ * device on /v1/models and in the start-up log. Where the addon has no CUDA
  * backend or no GPU is visible, the GPU tests skip with a printed notice (run `npm run test:cuda`
  * on a GPU host: docs/GPU.md).
  */
