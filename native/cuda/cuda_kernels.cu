@@ -139,10 +139,11 @@ __global__ void qkvKernel(QkvArgs a) {
 constexpr int kAttnWarps = 8;
 constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are in flight together
 
-// One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1: one
-// block per query head), kAttnWarps warps splitting the chunk's keys; each lane holds head dimensions lane, lane + 32, ... (DPL of
-// them). Each key and value is loaded once for the G heads. Online softmax in fp32, merged across
-// warps at the end. Per query head the operations and their order do not depend on G.
+// One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1:
+// one block per query head), kAttnWarps warps splitting the chunk's keys; each lane holds head
+// dimensions lane, lane + 32, ... (DPL of them). Each key and value is loaded once for the G heads.
+// Online softmax in fp32, merged across warps at the end. Per query head the operations and their
+// order do not depend on G.
 template <class E, int DPL, int G>
 __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
   allowDependents();  // the output projection may start loading its weights
