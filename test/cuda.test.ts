@@ -33,6 +33,9 @@ const blocks = (n: number, offset = 1): number[] => Array.from({ length: Math.ce
 const gpuRunner = (model: string, kv: KvCacheDtype = "bfloat16", numBlocks = 256): Promise<ModelRunner> =>
   ModelRunner.create(loadCheckpoint(path.join(FIXTURES, model)), { numBlocks, blockSize: BLOCK, dtype: kv }, "bfloat16", "cuda");
 const prefill = (ids: number[], offset = 1): RunnerSequence => ({ tokenIds: ids, startPosition: 0, blockTable: blocks(ids.length, offset), sample: null, allLogits: true });
+/** One decode row after `ids` (a cached prefix), returning its logits. */
+const decode = (ids: number[], offset: number): RunnerSequence =>
+  ({ tokenIds: [ids.length % 97], startPosition: ids.length, blockTable: blocks(ids.length + 1, offset), sample: null, allLogits: true });
 const maxAbsDiff = (a: Float32Array, b: Float32Array): number => a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i]!)), 0);
 
 for (const model of MODELS) {
@@ -136,8 +139,6 @@ test("cuda: a one-row decode step (RMSNorm folded into the GEMV, PDL) gives the 
   const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: "bfloat16" }, "bfloat16", "cuda");
   const a = Array.from({ length: 20 }, (_, i) => 100 + i * 37), b = Array.from({ length: 24 }, (_, i) => 900 + i * 53);
   await runner.execute([prefill(a, 1), prefill(b, 20)]);
-  const decode = (ids: number[], offset: number): RunnerSequence =>
-    ({ tokenIds: [ids.length % 97], startPosition: ids.length, blockTable: blocks(ids.length + 1, offset), sample: null, allLogits: true });
   const alone = (await runner.execute([decode(a, 1)])).logits![0]!;
   const paired = (await runner.execute([decode(a, 1), decode(b, 20)])).logits![0]!;
   await runner.dispose();
@@ -150,8 +151,6 @@ test("cuda: a one-row decode step (RMSNorm folded into the GEMV, PDL) gives the 
 test("cuda: a long row's attention, split into chunks of keys, matches the CPU's float32 path and is the same beside a short row", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
   const long = Array.from({ length: 1300 }, (_, i) => 100 + ((i * 7919) % 5000)), short = Array.from({ length: 30 }, (_, i) => 900 + i * 53);
-  const decode = (ids: number[], offset: number): RunnerSequence =>
-    ({ tokenIds: [ids.length % 97], startPosition: ids.length, blockTable: blocks(ids.length + 1, offset), sample: null, allLogits: true });
   const run = async (device: "cpu" | "cuda"): Promise<{ alone: Float32Array; paired: Float32Array }> => {
     const kv = device === "cuda" ? "bfloat16" : "float32";
     const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 200, blockSize: BLOCK, dtype: kv }, kv, device);

@@ -165,9 +165,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
     l[g] = 0.0f;
   }
   const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
-  // This block's keys k0 .. k1. How a row's keys are split depends on its length alone, never on the
-  // batch; a row of one chunk is computed as it was before chunks existed.
-  const int chunks = last / kAttnChunk + 1, c = blockIdx.z;
+  // This block's keys k0 .. k1; a row of one chunk is computed as it was before chunks existed.
+  const int chunks = attentionChunks(last + 1), c = blockIdx.z;
   if (c >= chunks) return;
   const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
@@ -245,7 +244,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
 __global__ void attentionMergeKernel(AttentionArgs a) {
   allowDependents();  // the output projection may start loading its weights
   const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
-  const int chunks = a.positions[t] / kAttnChunk + 1;
+  const int chunks = attentionChunks(a.positions[t] + 1);
   if (chunks == 1) return;
   const float* part = a.partial + (static_cast<size_t>(t) * a.heads + h) * a.chunks * (hd + 2);
   float M = -FLT_MAX;

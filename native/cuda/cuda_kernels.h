@@ -28,7 +28,7 @@ struct QkvArgs {
   const float *qNorm, *kNorm;         // (hd) each, or null
   const float2* rope;                 // (T, hd / 2): each row's cos and sin, from ropeTable
   float eps;
-  const int32_t *positions, *slots;   // (T)
+  const int32_t* slots;               // (T)
   void *kCache, *vCache;              // this layer's pools: (slots, kvHeads, hd)
   KvElem kv;
   int T, heads, kvHeads, hd;
@@ -51,12 +51,13 @@ struct AttentionArgs {
   // A row with more than kAttnChunk keys is split into chunks of them, one block each, whose partial
   // (max, sum, unnormalised output) land here, (T, heads, chunks, hd + 2), and are merged after.
   float* partial;
-  int chunks;  // attentionChunks(maxBlocks · blockSize)
+  int chunks;  // attentionChunks(maxBlocks · blockSize): the longest row the block tables can hold
 };
 void pagedAttention(const AttentionArgs& a, cudaStream_t s);
 constexpr int kAttnChunk = 512;
-// Chunks of the longest row a step's block tables can hold: the partial buffer's third dimension.
-inline int attentionChunks(int maxKeys) { return (maxKeys + kAttnChunk - 1) / kAttnChunk; }
+// The chunks of kAttnChunk keys a row of `keys` keys is split into (1: not split): its length alone
+// decides, never its batch.
+__host__ __device__ inline int attentionChunks(int keys) { return (keys + kAttnChunk - 1) / kAttnChunk; }
 
 // y (T × N, fp32) = x (T × K, bf16) · wᵀ (N × K, bf16) + beta · y, for few rows (T <= kSkinnyRows,
 // K a multiple of 8): one warp per output column streams its weight row once with 16-byte loads, so a

@@ -379,8 +379,8 @@ class CudaModel : public Backend {
       char* kc = static_cast<char*>(kCache_) + kvLayerBytes_ * l;
       char* vc = static_cast<char*>(vCache_) + kvLayerBytes_ * l;
       timed(&Profile::attention, [&] {
-        cuda::qkvNormRopeCache({qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), rope_.get(), cfg_.rmsEps, positions_,
-                                slots_, kc, vc, kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
+        cuda::qkvNormRopeCache({qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), rope_.get(), cfg_.rmsEps, slots_, kc, vc,
+                                kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
                                stream_);
         cuda::pagedAttention({qkv_.get(), kc, vc, kvElem(), positions_, seqOf_, tables_, xn_.get(), T, cfg_.heads, cfg_.kvHeads, hd,
                               cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd)), partial_.get(),
