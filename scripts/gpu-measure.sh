@@ -30,6 +30,9 @@ done
 WEFT_CUDA_PROFILE=1 TAIL=8 run profile-events node dist/src/cli.js bench profile --model "$model" --device cuda --batch $batches --context 128 --prefill 512 --steps 16
 # The same profile with decode graphs off: what the CUDA graphs buy.
 WEFT_CUDA_GRAPHS=0 TAIL=8 run profile-nographs node dist/src/cli.js bench profile --model "$model" --device cuda --batch $batches --context 128 --prefill 0 --steps 16
+# Inside the decode graphs: every kernel's GPU time over 500 one-sequence steps (CUPTI), and the host's split.
+run step-split node scripts/step-split.mjs --model "$model" --batch 1 --context 128
+TAIL=20 run cuda-trace sh scripts/cuda-trace.sh "$out/cuda-trace.tsv" node scripts/step-split.mjs --model "$model" --batch 1 --context 128
 # Over HTTP: `weft serve` on the GPU (KV pool sized by --gpu-memory-utilization), 128 concurrent streams.
 sh "$here/gpu-host.sh" node dist/src/cli.js serve --model "q06=$model" --port 8123 --device cuda --gpu-memory-utilization 0.6 \
   --max-num-seqs 256 --max-num-batched-tokens 4096 >"$out/serve.log" 2>&1 &
