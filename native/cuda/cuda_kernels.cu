@@ -136,6 +136,17 @@ __global__ void qkvKernel(QkvArgs a) {
   }
 }
 
+// A key's cache slot: its block's table entry and its offset there. For a power-of-two block size (the
+// default 32) a shift and a mask replace the integer division and remainder, which attention paid on
+// every key (2-3 % of a decode step on the H200: docs/GPU.md). The same slot either way.
+__device__ __forceinline__ size_t slotOf(const int32_t* table, int key, int blockSize) {
+  if ((blockSize & (blockSize - 1)) == 0) {
+    const int shift = __ffs(blockSize) - 1;
+    return static_cast<size_t>(table[key >> shift]) * blockSize + (key & (blockSize - 1));
+  }
+  return static_cast<size_t>(table[key / blockSize]) * blockSize + key % blockSize;
+}
+
 constexpr int kAttnWarps = 8;
 constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are in flight together
 
@@ -178,7 +189,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
 #pragma unroll
     for (int u = 0; u < kAttnUnroll; u++) {
       const int key = min(base + u * kAttnWarps, k1);  // past the end: a valid key, ignored below
-      const size_t at = ((static_cast<size_t>(table[key / a.blockSize]) * a.blockSize + key % a.blockSize) * a.kvHeads + kvh) * hd;
+      const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * hd;
 #pragma unroll
       for (int j = 0; j < DPL; j++) {
         const int d = lane + 32 * j;
