@@ -1,6 +1,6 @@
 // A CUPTI activity tracer for the GPU host, which has no Nsight Systems: loaded into any CUDA process
 // through CUDA_INJECTION64_PATH (scripts/cuda-trace.sh builds and loads it), it records every kernel's
-// and memcpy's start and end on the GPU, kernels replayed inside CUDA graphs included, and appends them
+// and memcpy's start and end on the GPU, kernels replayed inside CUDA graphs included, and writes them
 // as tab-separated lines to $WEFT_TRACE_OUT: start ns, end ns, stream, grid x/y/z or bytes, block x, name.
 // Records reach the file when CUPTI hands back a buffer; a background thread forces that every 100 ms,
 // and nothing is flushed at exit (CUPTI may be gone by then), so a traced program should idle briefly
