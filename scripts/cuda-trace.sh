@@ -8,8 +8,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 trace=$1
 shift
 cuda=${CUDA_HOME:-/usr/local/cuda}
-inc=$(dirname "$(find "$cuda/" -name cupti_activity.h | head -1)")
-lib=$(dirname "$(find "$cuda/" -name 'libcupti.so*' | head -1)")
+header=$(find "$cuda/" -name cupti_activity.h 2>/dev/null | head -1)
+library=$(find "$cuda/" -name 'libcupti.so*' 2>/dev/null | head -1)
+[ -n "$header" ] && [ -n "$library" ] || { echo "cuda-trace: no CUPTI under $cuda (set CUDA_HOME)" >&2; exit 1; }
+inc=$(dirname "$header")
+lib=$(dirname "$library")
 so=${TMPDIR:-/tmp}/weft-cuda-trace.so
 if [ ! -f "$so" ]; then
   # The newest versioned records (CUpti_ActivityKernelN, CUpti_ActivityMemcpyN) these headers define.
