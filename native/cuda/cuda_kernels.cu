@@ -65,13 +65,16 @@ __global__ void embedKernel(const int32_t* tokens, const bf16* table, int hidden
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = __bfloat162float(row[i]);
 }
 
-// RMSNorm's two halves, shared by rmsnormKernel and the one-row GEMV that folds the norm in, so both
-// give the same bits: the inverse RMS of x (n floats, reduced over the block's threads) and one
-// normalized element, rounded to bf16 for the GEMM after it.
+// RMSNorm's parts, shared by rmsnormKernel and the one-row GEMV that folds the norm in, so both give
+// the same bits: the inverse RMS of x (n floats; a thread adds the squares of x[i], i = threadIdx.x,
+// + blockDim.x, ..., in that order, then the block sums them) and one normalized element, rounded to
+// bf16 for the GEMM after it.
+__device__ __forceinline__ float addSquare(float ss, float x) { return __fmaf_rn(x, x, ss); }
+__device__ float inverseRmsOf(float ss, int n, float eps) { return 1.0f / sqrtf(blockSum(ss) / n + eps); }
 __device__ float inverseRms(const float* x, int n, float eps) {
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
-  return 1.0f / sqrtf(blockSum(ss) / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss = addSquare(ss, x[i]);
+  return inverseRmsOf(ss, n, eps);
 }
 __device__ __forceinline__ bf16 normed(float x, float weight, float inv) { return __float2bfloat16_rn(weight * (x * inv)); }
 
@@ -326,39 +329,50 @@ struct GemvInput {
 // One row (a decode step of one sequence, K = 256·L): the skinny kernel's arithmetic in the same order,
 // so the same bits, but each lane loads all L of its weight chunks before it waits for the kernel that
 // wrote x (PDL): the weights stream while that kernel finishes, instead of after a launch gap. With Norm
-// it also does the RMSNorm before it (one kernel fewer), reading the fp32 residual stream.
+// it also does the RMSNorm before it (one kernel fewer), reading the fp32 residual stream: the block
+// normalizes the row once into shared memory (each warp normalizing the whole row itself moved four
+// times its weights' bytes through L1), its norm weights loaded before the wait too.
+constexpr int kGemvWarps = 8;
 template <int L, bool Norm>
-__global__ void __launch_bounds__(kSkinnyWarps * 32) gemvKernel(GemvInput in, const bf16* w, int N, int K, float* y, float beta) {
+__global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, const bf16* w, int N, int K, float* y, float beta) {
+  constexpr int kThreads = kGemvWarps * 32, kPer = Norm ? 256 * L / kThreads : 1;  // row elements a thread normalizes
   const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5);
+  const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   uint4 wv[L];
   if (n < N) {
     const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n) * K);
 #pragma unroll
     for (int i = 0; i < L; i++) wv[i] = __ldg(wr + lane + 32 * i);
   }
+  float g[kPer];
+  if constexpr (Norm) {
+#pragma unroll
+    for (int j = 0; j < kPer; j++) g[j] = __ldg(in.norm + threadIdx.x + kThreads * j);
+  }
   awaitPrerequisites();
   allowDependents();  // the next GEMV may start loading its weights
   // Plain loads below: x was written after this kernel started.
-  const float inv = Norm ? inverseRms(static_cast<const float*>(in.x), K, in.eps) : 0.0f;
-  if (n >= N) return;  // whole warps only (after the block-wide reduction)
+  __shared__ uint4 normedX[Norm ? 32 * L : 1];
+  if constexpr (Norm) {
+    const float* x = static_cast<const float*>(in.x);
+    float xr[kPer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) xr[j] = x[threadIdx.x + kThreads * j];
+#pragma unroll
+    for (int j = 0; j < kPer; j++) ss = addSquare(ss, xr[j]);  // inverseRms's order
+    const float inv = inverseRmsOf(ss, K, in.eps);
+    bf16* xb = reinterpret_cast<bf16*>(normedX);
+#pragma unroll
+    for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = normed(xr[j], g[j], inv);
+    __syncthreads();
+  }
+  if (n >= N) return;  // whole warps only (after the block-wide steps)
   float acc = 0.0f;
 #pragma unroll
   for (int i = 0; i < L; i++) {
     const int c = lane + 32 * i;
-    uint4 xv;
-    if constexpr (Norm) {
-      const float4* xf = reinterpret_cast<const float4*>(in.x) + 2 * c;
-      const float4* gf = reinterpret_cast<const float4*>(in.norm) + 2 * c;
-      const float4 x0 = xf[0], x1 = xf[1], g0 = gf[0], g1 = gf[1];
-      __nv_bfloat162* xp = reinterpret_cast<__nv_bfloat162*>(&xv);
-      xp[0] = __halves2bfloat162(normed(x0.x, g0.x, inv), normed(x0.y, g0.y, inv));
-      xp[1] = __halves2bfloat162(normed(x0.z, g0.z, inv), normed(x0.w, g0.w, inv));
-      xp[2] = __halves2bfloat162(normed(x1.x, g1.x, inv), normed(x1.y, g1.y, inv));
-      xp[3] = __halves2bfloat162(normed(x1.z, g1.z, inv), normed(x1.w, g1.w, inv));
-    } else {
-      xv = static_cast<const uint4*>(in.x)[c];
-    }
+    const uint4 xv = Norm ? normedX[c] : static_cast<const uint4*>(in.x)[c];
     const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[i]);
     const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
@@ -395,8 +409,8 @@ bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaS
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3((N + kSkinnyWarps - 1) / kSkinnyWarps);
-  cfg.blockDim = dim3(kSkinnyWarps * 32);
+  cfg.gridDim = dim3((N + kGemvWarps - 1) / kGemvWarps);
+  cfg.blockDim = dim3(kGemvWarps * 32);
   cfg.stream = s;
   cfg.attrs = attrs;
   cfg.numAttrs = pdl ? 1 : 0;
