@@ -105,9 +105,13 @@ __global__ void qkvKernel(QkvArgs a) {
   const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x, hd = a.hd;
   const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
   float* row = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(head) * hd;
-  float x = 0.0f;
-  if (d < hd) x = row[d] + (a.bias ? a.bias[head * hd + d] : 0.0f);
+  // The step's inputs and the weights are read before waiting for the q/k/v GEMV (PDL).
+  const float bias = a.bias && d < hd ? a.bias[head * hd + d] : 0.0f;
   const int slot = a.slots[t];
+  awaitPrerequisites();
+  allowDependents();  // attention may be scheduled
+  float x = 0.0f;
+  if (d < hd) x = row[d] + bias;
   const size_t cacheAt = (static_cast<size_t>(slot) * a.kvHeads) * hd;
   if (head >= a.heads + a.kvHeads) {  // v: straight into the cache
     if (d < hd) static_cast<E*>(a.vCache)[cacheAt + static_cast<size_t>(head - a.heads - a.kvHeads) * hd + d] = store<E>(x);
@@ -165,6 +169,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
   const int hd = a.hd, group = a.heads / a.kvHeads;
   const int h0 = blockIdx.y * G, kvh = h0 / group;  // G divides group: the G heads share kvh
   const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
+  // The step's inputs first; q, K and V only once the q/k/v kernel has finished (PDL).
+  const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
+  // This block's keys k0 .. k1; a row of one chunk is computed as it was before chunks existed.
+  const int chunks = attentionChunks(last + 1), c = blockIdx.z;
+  if (c >= chunks) return;
+  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
+  const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
+  awaitPrerequisites();
   float qr[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
   for (int g = 0; g < G; g++) {
@@ -178,12 +190,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
     m[g] = -FLT_MAX;
     l[g] = 0.0f;
   }
-  const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
-  // This block's keys k0 .. k1; a row of one chunk is computed as it was before chunks existed.
-  const int chunks = attentionChunks(last + 1), c = blockIdx.z;
-  if (c >= chunks) return;
-  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
-  const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
   // Warp w takes keys w, w + kAttnWarps, ...; kAttnUnroll of them per iteration, loaded before any is used.
@@ -318,10 +324,16 @@ __global__ void __launch_bounds__(kSkinnyWarps * 32) skinnyKernel(const bf16* x,
   }
 }
 
-// The GEMV's input: x as bf16, or (Norm) fp32 x RMS-normalized on the fly (inverseRms, normed) into
-// what rmsnormKernel would have written.
+// SiLU(gate) · up rounded to bf16, the down projection's input: siluMulKernel and the one-row GEMV
+// that folds it in share it, so both give the same bits.
+__device__ __forceinline__ bf16 siluTimes(float gate, float up) { return __float2bfloat16_rn(gate / (1.0f + expf(-gate)) * up); }
+
+// What the one-row GEMV reads as its input row: x in bf16 as it is; the fp32 residual stream
+// RMS-normalized (what rmsnormKernel would write); or the fp32 gate/up output through SiLU·mul (what
+// siluMulKernel would write).
+enum class GemvIn { Bf16, Norm, SiluMul };
 struct GemvInput {
-  const void* x;
+  const void* x;      // bf16 (K); Norm: fp32 (K); SiluMul: fp32 gate then up (2K)
   const float* norm;  // Norm: the RMSNorm weight (K)
   float eps;
 };
@@ -329,13 +341,14 @@ struct GemvInput {
 // One row (a decode step of one sequence, K = 256·L): the skinny kernel's arithmetic in the same order,
 // so the same bits, but each lane loads all L of its weight chunks before it waits for the kernel that
 // wrote x (PDL): the weights stream while that kernel finishes, instead of after a launch gap. With Norm
-// it also does the RMSNorm before it (one kernel fewer), reading the fp32 residual stream: the block
-// normalizes the row once into shared memory (each warp normalizing the whole row itself moved four
-// times its weights' bytes through L1), its norm weights loaded before the wait too.
+// or SiluMul it also does the elementwise step before it (one kernel fewer): the block computes the
+// row once into shared memory (each warp doing the whole row itself moved four times its weights'
+// bytes through L1), the norm weights loaded before the wait too.
 constexpr int kGemvWarps = 8;
-template <int L, bool Norm>
+template <int L, GemvIn In>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, const bf16* w, int N, int K, float* y, float beta) {
-  constexpr int kThreads = kGemvWarps * 32, kPer = Norm ? 256 * L / kThreads : 1;  // row elements a thread normalizes
+  constexpr bool kStaged = In != GemvIn::Bf16;
+  constexpr int kThreads = kGemvWarps * 32, kPer = kStaged ? 256 * L / kThreads : 1;  // row elements a thread computes
   const int lane = threadIdx.x & 31;
   const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   uint4 wv[L];
@@ -345,26 +358,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, cons
     for (int i = 0; i < L; i++) wv[i] = __ldg(wr + lane + 32 * i);
   }
   float g[kPer];
-  if constexpr (Norm) {
+  if constexpr (In == GemvIn::Norm) {
 #pragma unroll
     for (int j = 0; j < kPer; j++) g[j] = __ldg(in.norm + threadIdx.x + kThreads * j);
   }
   awaitPrerequisites();
   allowDependents();  // the next GEMV may start loading its weights
   // Plain loads below: x was written after this kernel started.
-  __shared__ uint4 normedX[Norm ? 32 * L : 1];
-  if constexpr (Norm) {
+  __shared__ uint4 staged[kStaged ? 32 * L : 1];
+  if constexpr (kStaged) {
     const float* x = static_cast<const float*>(in.x);
-    float xr[kPer];
-    float ss = 0.0f;
+    bf16* xb = reinterpret_cast<bf16*>(staged);
+    float xr[kPer], up[kPer];  // SiluMul: xr the gate, up the up projection
 #pragma unroll
-    for (int j = 0; j < kPer; j++) xr[j] = x[threadIdx.x + kThreads * j];
+    for (int j = 0; j < kPer; j++) {
+      xr[j] = x[threadIdx.x + kThreads * j];
+      if constexpr (In == GemvIn::SiluMul) up[j] = x[K + threadIdx.x + kThreads * j];
+    }
+    if constexpr (In == GemvIn::Norm) {
+      float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPer; j++) ss = addSquare(ss, xr[j]);  // inverseRms's order
-    const float inv = inverseRmsOf(ss, K, in.eps);
-    bf16* xb = reinterpret_cast<bf16*>(normedX);
+      for (int j = 0; j < kPer; j++) ss = addSquare(ss, xr[j]);  // inverseRms's order
+      const float inv = inverseRmsOf(ss, K, in.eps);
 #pragma unroll
-    for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = normed(xr[j], g[j], inv);
+      for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = normed(xr[j], g[j], inv);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = siluTimes(xr[j], up[j]);
+    }
     __syncthreads();
   }
   if (n >= N) return;  // whole warps only (after the block-wide steps)
@@ -372,7 +393,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, cons
 #pragma unroll
   for (int i = 0; i < L; i++) {
     const int c = lane + 32 * i;
-    const uint4 xv = Norm ? normedX[c] : static_cast<const uint4*>(in.x)[c];
+    const uint4 xv = kStaged ? staged[c] : static_cast<const uint4*>(in.x)[c];
     const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[i]);
     const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
@@ -388,34 +409,42 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, cons
 
 constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
 using GemvKernel = void (*)(GemvInput, const bf16*, int, int, float*, float);
-template <bool Norm, int... Ls>
+template <GemvIn In, int... Ls>
 constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {
   GemvKernel k = nullptr;
-  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, Norm> : k), ...);
+  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, In> : k), ...);
   return k;
 }
 
-// One row, K = 256·L: with PDL where the kernel's code was generated for sm_90 or later (ptxVersion: a
-// newer GPU running code JIT-compiled from older PTX has no griddepcontrol in it, so no PDL there).
-template <bool Norm>
-bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
-  if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
-  const GemvKernel kernel = gemvFor<Norm>(K / 256, std::make_integer_sequence<int, kGemvMaxChunks>{});
+// Launches with PDL when `early` (the kernel may be scheduled while the one before it runs; it waits
+// with awaitPrerequisites) where the kernels' code was generated for sm_90 or later (ptxVersion: a newer
+// GPU running code JIT-compiled from older PTX has no griddepcontrol in it, so no PDL there).
+template <class... P, class... A>
+void launchPdl(const char* what, bool early, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, cudaStream_t s, A... args) {
   static const bool pdl = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, gemvKernel<1, false>) == cudaSuccess && attr.ptxVersion >= 90;
+    return cudaFuncGetAttributes(&attr, gemvKernel<1, GemvIn::Bf16>) == cudaSuccess && attr.ptxVersion >= 90;
   }();
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3((N + kGemvWarps - 1) / kGemvWarps);
-  cfg.blockDim = dim3(kGemvWarps * 32);
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = shared;
   cfg.stream = s;
   cfg.attrs = attrs;
-  cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, in, w, N, K, y, beta);
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel gemv: ") + cudaGetErrorString(e));
+  cfg.numAttrs = pdl && early ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
+}
+
+// One row, K = 256·L.
+template <GemvIn In>
+bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
+  const GemvKernel kernel = gemvFor<In>(K / 256, std::make_integer_sequence<int, kGemvMaxChunks>{});
+  launchPdl("gemv", true, kernel, dim3((N + kGemvWarps - 1) / kGemvWarps), dim3(kGemvWarps * 32), 0, s, in, w, N, K, y, beta);
   return true;
 }
 
@@ -425,8 +454,7 @@ __global__ void siluMulKernel(const float* gu, int I, bf16* out) {
   const int i = blockIdx.y * blockDim.x + threadIdx.x;
   if (i >= I) return;
   const float* g = gu + static_cast<size_t>(blockIdx.x) * 2 * I;
-  const float x = g[i];
-  out[static_cast<size_t>(blockIdx.x) * I + i] = __float2bfloat16_rn(x / (1.0f + expf(-x)) * g[I + i]);
+  out[static_cast<size_t>(blockIdx.x) * I + i] = siluTimes(g[i], g[I + i]);
 }
 
 // Max with the lowest index on ties.
@@ -497,10 +525,14 @@ void launched(const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
 }
 
+// The q/k/v kernel and attention are scheduled early (PDL) for steps of a few rows, where each kernel's
+// latency is the step's time; at 512 rows that measured 4 % slower (docs/GPU.md). Either way the same bits.
+bool earlyAttention(int T) { return T <= kSkinnyRows; }
+
 template <class E>
 void qkvFor(const QkvArgs& a, cudaStream_t s) {
   const int threads = roundUp32(a.hd);
-  qkvKernel<E><<<dim3(a.T, a.heads + 2 * a.kvHeads), threads, a.hd * sizeof(float), s>>>(a);
+  launchPdl("qkv", earlyAttention(a.T), qkvKernel<E>, dim3(a.T, a.heads + 2 * a.kvHeads), dim3(threads), a.hd * sizeof(float), s, a);
 }
 
 // G query heads per block where G divides the group and the grid still has 4 blocks per SM (few rows
@@ -516,9 +548,9 @@ void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
   }();
   const int group = a.heads / a.kvHeads, threads = kAttnWarps * 32;
   const auto fits = [&](int g) { return group % g == 0 && g * DPL <= 16 && static_cast<long>(a.T) * a.heads / g >= 4L * sms; };
-  if (fits(4)) attentionKernel<E, DPL, 4><<<dim3(a.T, a.heads / 4, a.chunks), threads, 0, s>>>(a);
-  else if (fits(2)) attentionKernel<E, DPL, 2><<<dim3(a.T, a.heads / 2, a.chunks), threads, 0, s>>>(a);
-  else attentionKernel<E, DPL, 1><<<dim3(a.T, a.heads, a.chunks), threads, 0, s>>>(a);
+  const int g = fits(4) ? 4 : fits(2) ? 2 : 1;
+  const auto kernel = g == 4 ? attentionKernel<E, DPL, 4> : g == 2 ? attentionKernel<E, DPL, 2> : attentionKernel<E, DPL, 1>;
+  launchPdl("attention", earlyAttention(a.T), kernel, dim3(a.T, a.heads / g, a.chunks), dim3(threads), 0, s, a);
   if (a.chunks > 1) attentionMergeKernel<<<dim3(a.T, a.heads), roundUp32(std::min(a.hd, 256)), 0, s>>>(a);
 }
 
@@ -569,7 +601,7 @@ void pagedAttention(const AttentionArgs& a, cudaStream_t s) {
 
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1..8 and K a multiple of 8");
-  if (T == 1 && gemv<false>({x, nullptr, 0.0f}, w, N, K, y, beta, s)) return;
+  if (T == 1 && gemv<GemvIn::Bf16>({x, nullptr, 0.0f}, w, N, K, y, beta, s)) return;
   const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
   if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   else if (T <= 2) skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
@@ -579,7 +611,11 @@ void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, flo
 }
 
 bool normedGemv(const float* x, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
-  return gemv<true>({x, norm, eps}, w, N, K, y, beta, s);
+  return gemv<GemvIn::Norm>({x, norm, eps}, w, N, K, y, beta, s);
+}
+
+bool siluMulGemv(const float* gu, const bf16* w, int N, int I, float* y, float beta, cudaStream_t s) {
+  return gemv<GemvIn::SiluMul>({gu, nullptr, 0.0f}, w, N, I, y, beta, s);
 }
 
 void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s) {

@@ -261,6 +261,17 @@ class CudaModel : public Backend {
     gemm(xn_.get(), T, w, N, H, y, beta);
   }
 
+  // x_ += bf16(SiLU(gate) · up) · downᵀ from the gate/up output gu_: one fused kernel for one row, else
+  // SiLU·mul into xn_ and then the GEMM. The same bits either way.
+  void siluMulGemm(int T, const bf16* down, float* y) {
+    const int H = cfg_.hidden, I = cfg_.intermediate;
+    bool fused = false;
+    timed(&Profile::matmul, [&] { fused = T == 1 && cuda::siluMulGemv(gu_.get(), down, H, I, y, 1.0f, stream_); });
+    if (fused) return;
+    cuda::siluMul(gu_.get(), T, I, xn_.get(), stream_);
+    timed(&Profile::matmul, [&] { gemm(xn_.get(), T, down, H, I, y, 1.0f); });
+  }
+
   // The step's index arrays in one transfer: tokens, positions, slots, each row's sequence, block tables, sample rows.
   void uploadStep(const StepInput& in, int T, int B, int S) {
     const size_t tables = static_cast<size_t>(B) * in.maxBlocks;
@@ -390,8 +401,7 @@ class CudaModel : public Backend {
       // The residual add is the GEMM's beta = 1.
       timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.o.get(), H, qDim, x_.get(), 1.0f); });
       timed(&Profile::matmul, [&] { normedGemm(L.mlpNorm.get(), T, L.gateUp.get(), 2 * I, gu_.get(), 0.0f); });
-      cuda::siluMul(gu_.get(), T, I, xn_.get(), stream_);
-      timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.down.get(), H, I, x_.get(), 1.0f); });
+      siluMulGemm(T, L.down.get(), x_.get());
     }
     // Only the sampled rows go through the final norm and the vocabulary projection.
     if (S == 0) return;
