@@ -98,20 +98,21 @@ __global__ void ropeTableKernel(const int32_t* positions, const float* invFreq, 
   }
 }
 
-// One block per (row, head of q, k or v); blockDim.x = hd rounded up to a warp.
-template <class E>
+// One block per (row, head of q, k or v); blockDim.x = hd rounded up to a warp. Early: launched with
+// PDL (earlyAttention).
+template <class E, bool Early>
 __global__ void qkvKernel(QkvArgs a) {
   extern __shared__ float v[];  // hd
   const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x, hd = a.hd;
   const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
   float* row = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(head) * hd;
-  // The step's inputs and the weights are read before waiting for the q/k/v GEMV (PDL).
-  const float bias = a.bias && d < hd ? a.bias[head * hd + d] : 0.0f;
-  const int slot = a.slots[t];
-  awaitPrerequisites();
-  allowDependents();  // attention may be scheduled
+  if constexpr (Early) {
+    awaitPrerequisites();  // the q/k/v GEMV
+    allowDependents();     // attention may be scheduled
+  }
   float x = 0.0f;
-  if (d < hd) x = row[d] + bias;
+  if (d < hd) x = row[d] + (a.bias ? a.bias[head * hd + d] : 0.0f);
+  const int slot = a.slots[t];
   const size_t cacheAt = (static_cast<size_t>(slot) * a.kvHeads) * hd;
   if (head >= a.heads + a.kvHeads) {  // v: straight into the cache
     if (d < hd) static_cast<E*>(a.vCache)[cacheAt + static_cast<size_t>(head - a.heads - a.kvHeads) * hd + d] = store<E>(x);
@@ -162,21 +163,15 @@ constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are 
 // dimensions lane, lane + 32, ... (DPL of them). Each key and value is loaded once for the G heads.
 // Online softmax in fp32, merged across warps at the end. Per query head the operations and their
 // order do not depend on G.
-template <class E, int DPL, int G>
+// Early: launched with PDL (earlyAttention).
+template <class E, int DPL, int G, bool Early>
 __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
   allowDependents();  // the output projection may start loading its weights
   const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hd = a.hd, group = a.heads / a.kvHeads;
   const int h0 = blockIdx.y * G, kvh = h0 / group;  // G divides group: the G heads share kvh
   const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
-  // The step's inputs first; q, K and V only once the q/k/v kernel has finished (PDL).
-  const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
-  // This block's keys k0 .. k1; a row of one chunk is computed as it was before chunks existed.
-  const int chunks = attentionChunks(last + 1), c = blockIdx.z;
-  if (c >= chunks) return;
-  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
-  const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
-  awaitPrerequisites();
+  if constexpr (Early) awaitPrerequisites();  // the q/k/v kernel
   float qr[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
   for (int g = 0; g < G; g++) {
@@ -190,6 +185,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
     m[g] = -FLT_MAX;
     l[g] = 0.0f;
   }
+  const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
+  // This block's keys k0 .. k1; a row of one chunk is computed as it was before chunks existed.
+  const int chunks = attentionChunks(last + 1), c = blockIdx.z;
+  if (c >= chunks) return;
+  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
+  const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
   // Warp w takes keys w, w + kAttnWarps, ...; kAttnUnroll of them per iteration, loaded before any is used.
@@ -345,17 +346,19 @@ struct GemvInput {
 // row once into shared memory (each warp doing the whole row itself moved four times its weights'
 // bytes through L1), the norm weights loaded before the wait too.
 constexpr int kGemvWarps = 8;
-template <int L, GemvIn In>
+template <int L, GemvIn In, int C>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, const bf16* w, int N, int K, float* y, float beta) {
   constexpr bool kStaged = In != GemvIn::Bf16;
   constexpr int kThreads = kGemvWarps * 32, kPer = kStaged ? 256 * L / kThreads : 1;  // row elements a thread computes
   const int lane = threadIdx.x & 31;
-  const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  uint4 wv[L];
-  if (n < N) {
-    const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n) * K);
+  const int n = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * C;  // this warp's C columns from n
+  uint4 wv[C][L];
 #pragma unroll
-    for (int i = 0; i < L; i++) wv[i] = __ldg(wr + lane + 32 * i);
+  for (int col = 0; col < C; col++) {
+    if (n + col >= N) break;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n + col) * K);
+#pragma unroll
+    for (int i = 0; i < L; i++) wv[col][i] = __ldg(wr + lane + 32 * i);
   }
   float g[kPer];
   if constexpr (In == GemvIn::Norm) {
@@ -389,31 +392,49 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, cons
     __syncthreads();
   }
   if (n >= N) return;  // whole warps only (after the block-wide steps)
-  float acc = 0.0f;
+  float acc[C] = {};
 #pragma unroll
   for (int i = 0; i < L; i++) {
     const int c = lane + 32 * i;
     const uint4 xv = kStaged ? staged[c] : static_cast<const uint4*>(in.x)[c];
-    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[i]);
     const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const float2 xf = __bfloat1622float2(xp[j]), wf = __bfloat1622float2(wp[j]);
-      acc = fmaf(xf.x, wf.x, acc);
-      acc = fmaf(xf.y, wf.y, acc);
+    for (int col = 0; col < C; col++) {
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[col][i]);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float2 xf = __bfloat1622float2(xp[j]), wf = __bfloat1622float2(wp[j]);
+        acc[col] = fmaf(xf.x, wf.x, acc[col]);
+        acc[col] = fmaf(xf.y, wf.y, acc[col]);
+      }
     }
   }
-  const float v = warpSum(acc);
-  if (lane == 0) y[n] = beta == 0.0f ? v : v + beta * y[n];
+#pragma unroll
+  for (int col = 0; col < C; col++) {
+    if (n + col >= N) break;  // whole warps
+    const float v = warpSum(acc[col]);
+    if (lane == 0) y[n + col] = beta == 0.0f ? v : v + beta * y[n + col];
+  }
 }
 
 constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
 using GemvKernel = void (*)(GemvInput, const bf16*, int, int, float*, float);
-template <GemvIn In, int... Ls>
+template <GemvIn In, int C, int... Ls>
 constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {
   GemvKernel k = nullptr;
-  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, In> : k), ...);
+  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, In, C> : k), ...);
   return k;
+}
+
+// The GPU's multiprocessors (device 0's, the one the backend uses).
+int smCount() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  return sms;
 }
 
 // Launches with PDL when `early` (the kernel may be scheduled while the one before it runs; it waits
@@ -423,7 +444,7 @@ template <class... P, class... A>
 void launchPdl(const char* what, bool early, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, cudaStream_t s, A... args) {
   static const bool pdl = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, gemvKernel<1, GemvIn::Bf16>) == cudaSuccess && attr.ptxVersion >= 90;
+    return cudaFuncGetAttributes(&attr, gemvKernel<1, GemvIn::Bf16, 1>) == cudaSuccess && attr.ptxVersion >= 90;
   }();
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -439,12 +460,23 @@ void launchPdl(const char* what, bool early, void (*kernel)(P...), dim3 grid, di
   if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(e));
 }
 
-// One row, K = 256·L.
+// One row, K = 256·L. A warp takes two columns (kernels for L <= 8 only: their registers hold) where
+// one a warp would need more blocks than the GPU holds at once: the second wave's blocks would start
+// their weight loads only when the first wave's end. Each column's arithmetic is the same either way.
 template <GemvIn In>
 bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
-  const GemvKernel kernel = gemvFor<In>(K / 256, std::make_integer_sequence<int, kGemvMaxChunks>{});
-  launchPdl("gemv", true, kernel, dim3((N + kGemvWarps - 1) / kGemvWarps), dim3(kGemvWarps * 32), 0, s, in, w, N, K, y, beta);
+  constexpr auto chunks = std::make_integer_sequence<int, kGemvMaxChunks>{};
+  constexpr auto pairChunks = std::make_integer_sequence<int, kGemvMaxChunks / 2>{};
+  const GemvKernel one = gemvFor<In, 1>(K / 256, chunks);
+  const int blocks = (N + kGemvWarps - 1) / kGemvWarps;
+  int resident = 0;
+  const bool pairs = K / 256 <= kGemvMaxChunks / 2 &&
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, one, kGemvWarps * 32, 0) == cudaSuccess &&
+                     blocks > resident * smCount();
+  const GemvKernel kernel = pairs ? gemvFor<In, 2>(K / 256, pairChunks) : one;
+  const int grid = pairs ? (N + 2 * kGemvWarps - 1) / (2 * kGemvWarps) : blocks;
+  launchPdl("gemv", true, kernel, dim3(grid), dim3(kGemvWarps * 32), 0, s, in, w, N, K, y, beta);
   return true;
 }
 
@@ -526,13 +558,20 @@ void launched(const char* what) {
 }
 
 // The q/k/v kernel and attention are scheduled early (PDL) for steps of a few rows, where each kernel's
-// latency is the step's time; at 512 rows that measured 4 % slower (docs/GPU.md). Either way the same bits.
+// latency is the step's time; at 512 rows that measured 3-4 % slower (docs/GPU.md), so larger steps run
+// kernels compiled without the PDL wait. Either way the same bits.
 bool earlyAttention(int T) { return T <= kSkinnyRows; }
 
 template <class E>
 void qkvFor(const QkvArgs& a, cudaStream_t s) {
   const int threads = roundUp32(a.hd);
-  launchPdl("qkv", earlyAttention(a.T), qkvKernel<E>, dim3(a.T, a.heads + 2 * a.kvHeads), dim3(threads), a.hd * sizeof(float), s, a);
+  const bool early = earlyAttention(a.T);
+  launchPdl("qkv", early, early ? qkvKernel<E, true> : qkvKernel<E, false>, dim3(a.T, a.heads + 2 * a.kvHeads), dim3(threads), a.hd * sizeof(float), s, a);
+}
+
+template <class E, int DPL, bool Early>
+auto attentionVariant(int g) {
+  return g == 4 ? attentionKernel<E, DPL, 4, Early> : g == 2 ? attentionKernel<E, DPL, 2, Early> : attentionKernel<E, DPL, 1, Early>;
 }
 
 // G query heads per block where G divides the group and the grid still has 4 blocks per SM (few rows
@@ -540,17 +579,13 @@ void qkvFor(const QkvArgs& a, cudaStream_t s) {
 // bits do not depend on G.
 template <class E, int DPL>
 void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 1;
-  }();
+  const int sms = smCount();
   const int group = a.heads / a.kvHeads, threads = kAttnWarps * 32;
   const auto fits = [&](int g) { return group % g == 0 && g * DPL <= 16 && static_cast<long>(a.T) * a.heads / g >= 4L * sms; };
   const int g = fits(4) ? 4 : fits(2) ? 2 : 1;
-  const auto kernel = g == 4 ? attentionKernel<E, DPL, 4> : g == 2 ? attentionKernel<E, DPL, 2> : attentionKernel<E, DPL, 1>;
-  launchPdl("attention", earlyAttention(a.T), kernel, dim3(a.T, a.heads / g, a.chunks), dim3(threads), 0, s, a);
+  const bool early = earlyAttention(a.T);
+  const auto kernel = early ? attentionVariant<E, DPL, true>(g) : attentionVariant<E, DPL, false>(g);
+  launchPdl("attention", early, kernel, dim3(a.T, a.heads / g, a.chunks), dim3(threads), 0, s, a);
   if (a.chunks > 1) attentionMergeKernel<<<dim3(a.T, a.heads), roundUp32(std::min(a.hd, 256)), 0, s>>>(a);
 }
 
