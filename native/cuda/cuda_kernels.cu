@@ -365,8 +365,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, cons
 #pragma unroll
     for (int j = 0; j < kPer; j++) g[j] = __ldg(in.norm + threadIdx.x + kThreads * j);
   }
+  allowDependents();  // the next kernel may start (a GEMV loading its weights) while this one waits
   awaitPrerequisites();
-  allowDependents();  // the next GEMV may start loading its weights
   // Plain loads below: x was written after this kernel started.
   __shared__ uint4 staged[kStaged ? 32 * L : 1];
   if constexpr (kStaged) {
