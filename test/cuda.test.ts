@@ -131,10 +131,11 @@ for (const model of MODELS) {
 }
 
 // The fixtures' hidden sizes (48, 64) are below the one-row GEMV's K = 256·L, so a random `small`
-// (hidden 256, intermediate 768) checks it: a lone row takes the GEMV that folds in the RMSNorm and
-// waits for the kernel before it (PDL); beside a second row the same row takes RMSNorm and then the
-// skinny kernel. The same arithmetic in the same order: the same bits.
-test("cuda: a one-row decode step (RMSNorm folded into the GEMV, PDL) gives the bits of that row in a two-row step", { skip }, async () => {
+// (hidden 256, intermediate 768) checks it: a lone row takes the GEMVs that fold in the RMSNorm and
+// SiLU·mul, wait for the kernel before them (PDL) and, for the LM head, take two columns a warp;
+// beside a second row the same row takes RMSNorm, SiLU·mul and the skinny kernel. The same arithmetic
+// in the same order: the same bits.
+test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, PDL) gives the bits of that row in a two-row step", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
   const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: "bfloat16" }, "bfloat16", "cuda");
   const a = Array.from({ length: 20 }, (_, i) => 100 + i * 37), b = Array.from({ length: 24 }, (_, i) => 900 + i * 53);

@@ -156,7 +156,11 @@ __device__ __forceinline__ size_t slotOf(const int32_t* table, int key, int bloc
 }
 
 constexpr int kAttnWarps = 8;
-constexpr int kAttnUnroll = 4;  // keys per warp per iteration: their loads are in flight together
+// Keys a warp takes per iteration, their loads in flight together. A step of a few rows (Early) has
+// one block per head and a handful of keys per warp, so it takes more at once: fewer round trips to
+// memory in a row, at registers that only its few blocks spend. Every key's operations and their order
+// are the same either way, so the same bits.
+constexpr int kAttnUnroll = 4, kAttnUnrollEarly = 16;
 
 // One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1:
 // one block per query head), kAttnWarps warps splitting the chunk's keys; each lane holds head
@@ -193,11 +197,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
-  // Warp w takes keys w, w + kAttnWarps, ...; kAttnUnroll of them per iteration, loaded before any is used.
-  for (int base = k0 + warp; base <= k1; base += kAttnWarps * kAttnUnroll) {
-    float kr[kAttnUnroll][DPL], vr[kAttnUnroll][DPL];
+  // Warp w takes keys w, w + kAttnWarps, ...; U of them per iteration, loaded before any is used.
+  constexpr int U = Early ? kAttnUnrollEarly : kAttnUnroll;
+  for (int base = k0 + warp; base <= k1; base += kAttnWarps * U) {
+    float kr[U][DPL], vr[U][DPL];
 #pragma unroll
-    for (int u = 0; u < kAttnUnroll; u++) {
+    for (int u = 0; u < U; u++) {
       const int key = min(base + u * kAttnWarps, k1);  // past the end: a valid key, ignored below
       const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * hd;
 #pragma unroll
@@ -209,16 +214,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
     }
 #pragma unroll
     for (int g = 0; g < G; g++) {
-      float score[kAttnUnroll];
+      float score[U];
 #pragma unroll
-      for (int u = 0; u < kAttnUnroll; u++) {
+      for (int u = 0; u < U; u++) {
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < DPL; j++) dot += qr[g][j] * kr[u][j];
         score[u] = warpSum(dot);
       }
 #pragma unroll
-      for (int u = 0; u < kAttnUnroll; u++) {
+      for (int u = 0; u < U; u++) {
         if (base + u * kAttnWarps > k1) break;
         const float mNew = fmaxf(m[g], score[u]);
         const float corr = __expf(m[g] - mNew), p = __expf(score[u] - mNew);
