@@ -42,13 +42,13 @@
       "libraries": ["-fopenmp"],
       "conditions": [
         ["weft_cuda==1", {
-          "sources": ["native/cuda/cuda_model.cu", "native/cuda/cuda_kernels.cu"],
+          "sources": ["native/cuda/cuda_model.cu", "native/cuda/cuda_kernels.cu", "native/cuda/cuda_attention.cu", "native/cuda/cuda_gemv.cu"],
           "libraries": ["-L<(cuda_home)/lib64", "-lcublas", "-lcudart", "-Wl,-rpath,<(cuda_home)/lib64"],
           "rules": [
             {
               "rule_name": "nvcc",
               "extension": "cu",
-              "inputs": ["<(RULE_INPUT_PATH)", "native/cuda/cuda_kernels.h", "native/cuda_backend.h", "native/step.h"],
+              "inputs": ["<(RULE_INPUT_PATH)", "native/cuda/cuda_kernels.h", "native/cuda/cuda_device.cuh", "native/cuda_backend.h", "native/step.h"],
               "outputs": ["<(INTERMEDIATE_DIR)/<(RULE_INPUT_ROOT).o"],
               "action": ["sh", "-c", "<(cuda_home)/bin/nvcc -std=c++17 -O3 <(cuda_gencode) -Xcompiler -fPIC,-fopenmp -I<(cuda_home)/include -c <(RULE_INPUT_PATH) -o <(INTERMEDIATE_DIR)/<(RULE_INPUT_ROOT).o"],
               "message": "nvcc <(RULE_INPUT_PATH)",

@@ -1,4 +1,5 @@
-// The CUDA backend's device kernels, one launcher each (native/cuda/cuda_kernels.cu).
+// The CUDA backend's device kernels, one launcher each: cuda_kernels.cu (elementwise and sampling),
+// cuda_attention.cu (the q/k/v epilogue and paged attention), cuda_gemv.cu (the GEMMs of a few rows).
 // Activations between kernels: the residual stream and every GEMM output in fp32, each
 // GEMM input in bf16 (as transformers runs a bf16 model, with fp32 accumulation).
 #pragma once

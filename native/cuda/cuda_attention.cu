@@ -1,0 +1,254 @@
+// The q/k/v epilogue (biases, q/k RMSNorm, RoPE, the cache write) and paged attention, for prefill
+// chunks and decode alike; declared in cuda_kernels.h.
+#include "cuda_device.cuh"
+#include <cfloat>
+#include <stdexcept>
+
+namespace weft::cuda {
+namespace {
+
+// One block per (row, head of q, k or v); blockDim.x = hd rounded up to a warp. Early: launched with
+// PDL (earlyAttention).
+template <class E, bool Early>
+__global__ void qkvKernel(QkvArgs a) {
+  extern __shared__ float v[];  // hd
+  const int t = blockIdx.x, head = blockIdx.y, d = threadIdx.x, hd = a.hd;
+  const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
+  float* row = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(head) * hd;
+  if constexpr (Early) {
+    awaitPrerequisites();  // the q/k/v GEMV
+    allowDependents();     // attention may be scheduled
+  }
+  float x = 0.0f;
+  if (d < hd) x = row[d] + (a.bias ? a.bias[head * hd + d] : 0.0f);
+  const int slot = a.slots[t];
+  const size_t cacheAt = (static_cast<size_t>(slot) * a.kvHeads) * hd;
+  if (head >= a.heads + a.kvHeads) {  // v: straight into the cache
+    if (d < hd) static_cast<E*>(a.vCache)[cacheAt + static_cast<size_t>(head - a.heads - a.kvHeads) * hd + d] = store<E>(x);
+    return;
+  }
+  const bool isQ = head < a.heads;
+  const float* norm = isQ ? a.qNorm : a.kNorm;
+  if (norm) {  // block-uniform branch
+    const float inv = 1.0f / sqrtf(blockSum(x * x) / hd + a.eps);
+    if (d < hd) x = norm[d] * (x * inv);
+  }
+  if (d < hd) v[d] = x;
+  __syncthreads();
+  const int half = hd / 2;
+  if (d < half) {
+    const float2 cs = a.rope[static_cast<size_t>(t) * half + d];
+    const float c = cs.x, s = cs.y;
+    const float lo = v[d], hi = v[d + half];
+    // Products rounded before the sum, as transformers and the CPU path (no FMA contraction) compute it.
+    const float rlo = __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)), rhi = __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s));
+    if (isQ) {
+      row[d] = rlo;
+      row[d + half] = rhi;
+    } else {
+      E* k = static_cast<E*>(a.kCache) + cacheAt + static_cast<size_t>(head - a.heads) * hd;
+      k[d] = store<E>(rlo);
+      k[d + half] = store<E>(rhi);
+    }
+  }
+}
+
+// A key's cache slot: its block's table entry and its offset there. For a power-of-two block size (the
+// default 32) a shift and a mask replace the integer division and remainder, which attention paid on
+// every key (2-3 % of a decode step on the H200: docs/GPU.md). The same slot either way.
+__device__ __forceinline__ size_t slotOf(const int32_t* table, int key, int blockSize) {
+  if ((blockSize & (blockSize - 1)) == 0) {
+    const int shift = __ffs(blockSize) - 1;
+    return static_cast<size_t>(table[key >> shift]) * blockSize + (key & (blockSize - 1));
+  }
+  return static_cast<size_t>(table[key / blockSize]) * blockSize + key % blockSize;
+}
+
+constexpr int kAttnWarps = 8;
+// Keys a warp takes per iteration, their loads in flight together. A step of a few rows (Early) has
+// one block per head and a handful of keys per warp, so it takes more at once: fewer round trips to
+// memory in a row, at registers that only its few blocks spend. Every key's operations and their order
+// are the same either way, so the same bits.
+constexpr int kAttnUnroll = 4, kAttnUnrollEarly = 16;
+
+// One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1:
+// one block per query head), kAttnWarps warps splitting the chunk's keys; each lane holds head
+// dimensions lane, lane + 32, ... (DPL of them). Each key and value is loaded once for the G heads.
+// Online softmax in fp32, merged across warps at the end. Per query head the operations and their
+// order do not depend on G.
+// Early: launched with PDL (earlyAttention).
+template <class E, int DPL, int G, bool Early>
+__global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
+  allowDependents();  // the output projection may start loading its weights
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hd = a.hd, group = a.heads / a.kvHeads;
+  const int h0 = blockIdx.y * G, kvh = h0 / group;  // G divides group: the G heads share kvh
+  const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
+  if constexpr (Early) awaitPrerequisites();  // the q/k/v kernel
+  float qr[G][DPL], acc[G][DPL], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const float* q = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(h0 + g) * hd;
+#pragma unroll
+    for (int j = 0; j < DPL; j++) {
+      const int d = lane + 32 * j;
+      qr[g][j] = d < hd ? q[d] * a.scale : 0.0f;
+      acc[g][j] = 0.0f;
+    }
+    m[g] = -FLT_MAX;
+    l[g] = 0.0f;
+  }
+  const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
+  // This block's keys k0 .. k1; a row of one chunk is computed as it was before chunks existed.
+  const int chunks = attentionChunks(last + 1), c = blockIdx.z;
+  if (c >= chunks) return;
+  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
+  const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
+  const E* K = static_cast<const E*>(a.kCache);
+  const E* V = static_cast<const E*>(a.vCache);
+  // Warp w takes keys w, w + kAttnWarps, ...; U of them per iteration, loaded before any is used.
+  constexpr int U = Early ? kAttnUnrollEarly : kAttnUnroll;
+  for (int base = k0 + warp; base <= k1; base += kAttnWarps * U) {
+    float kr[U][DPL], vr[U][DPL];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int key = min(base + u * kAttnWarps, k1);  // past the end: a valid key, ignored below
+      const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < DPL; j++) {
+        const int d = lane + 32 * j;
+        kr[u][j] = d < hd ? load<E>(K + at + d) : 0.0f;
+        vr[u][j] = d < hd ? load<E>(V + at + d) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float score[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) dot += qr[g][j] * kr[u][j];
+        score[u] = warpSum(dot);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (base + u * kAttnWarps > k1) break;
+        const float mNew = fmaxf(m[g], score[u]);
+        const float corr = __expf(m[g] - mNew), p = __expf(score[u] - mNew);
+        l[g] = l[g] * corr + p;
+#pragma unroll
+        for (int j = 0; j < DPL; j++) acc[g][j] = acc[g][j] * corr + p * vr[u][j];
+        m[g] = mNew;
+      }
+    }
+  }
+  __shared__ float ms[kAttnWarps], ls[kAttnWarps];
+  __shared__ float accs[kAttnWarps][DPL * 32];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (lane == 0) {
+      ms[warp] = m[g];
+      ls[warp] = l[g];
+    }
+#pragma unroll
+    for (int j = 0; j < DPL; j++) accs[warp][lane + 32 * j] = acc[g][j];
+    __syncthreads();
+    float M = -FLT_MAX;
+    for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, ms[w]);
+    float L = 0.0f;
+    for (int w = 0; w < kAttnWarps; w++) L += ls[w] * __expf(ms[w] - M);  // a warp with no key has l = 0
+    bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h0 + g) * hd;
+    float* part = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h0 + g) * a.chunks + c) * (hd + 2) : nullptr;
+    if (chunks > 1 && threadIdx.x == 0) {
+      part[0] = M;
+      part[1] = L;
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.0f;
+      for (int w = 0; w < kAttnWarps; w++) o += accs[w][d] * __expf(ms[w] - M);
+      if (chunks > 1) part[2 + d] = o;
+      else out[d] = __float2bfloat16_rn(o / L);
+    }
+    __syncthreads();  // ms, ls and accs are rewritten for the next head
+  }
+}
+
+// One block per (row, query head) of a row split into chunks: the chunks' partials merged in chunk
+// order, as the warps' are inside a block. Rows of one chunk were written by attentionKernel.
+__global__ void attentionMergeKernel(AttentionArgs a) {
+  allowDependents();  // the output projection may start loading its weights
+  const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
+  const int chunks = attentionChunks(a.positions[t] + 1);
+  if (chunks == 1) return;
+  const float* part = a.partial + (static_cast<size_t>(t) * a.heads + h) * a.chunks * (hd + 2);
+  float M = -FLT_MAX;
+  for (int c = 0; c < chunks; c++) M = fmaxf(M, part[c * (hd + 2)]);
+  float L = 0.0f;
+  for (int c = 0; c < chunks; c++) L += part[c * (hd + 2) + 1] * __expf(part[c * (hd + 2)] - M);
+  bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int c = 0; c < chunks; c++) o += part[c * (hd + 2) + 2 + d] * __expf(part[c * (hd + 2)] - M);
+    out[d] = __float2bfloat16_rn(o / L);
+  }
+}
+
+// The q/k/v kernel and attention are scheduled early (PDL) for steps of a few rows, where each kernel's
+// latency is the step's time; at 512 rows that measured 3-4 % slower (docs/GPU.md), so larger steps run
+// kernels compiled without the PDL wait. Either way the same bits.
+bool earlyAttention(int T) { return T <= kSkinnyRows; }
+
+template <class E>
+void qkvFor(const QkvArgs& a, cudaStream_t s) {
+  const int threads = roundUp32(a.hd);
+  const bool early = earlyAttention(a.T);
+  launchPdl("qkv", early, early ? qkvKernel<E, true> : qkvKernel<E, false>, dim3(a.T, a.heads + 2 * a.kvHeads), dim3(threads), a.hd * sizeof(float), s, a);
+}
+
+template <class E, int DPL, bool Early>
+auto attentionVariant(int g) {
+  return g == 4 ? attentionKernel<E, DPL, 4, Early> : g == 2 ? attentionKernel<E, DPL, 2, Early> : attentionKernel<E, DPL, 1, Early>;
+}
+
+// G query heads per block where G divides the group and the grid still has 4 blocks per SM (few rows
+// keep one block per head: more blocks, shorter chains); G at most 16 / DPL so the registers hold. The
+// bits do not depend on G.
+template <class E, int DPL>
+void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
+  const int sms = smCount();
+  const int group = a.heads / a.kvHeads, threads = kAttnWarps * 32;
+  const auto fits = [&](int g) { return group % g == 0 && g * DPL <= 16 && static_cast<long>(a.T) * a.heads / g >= 4L * sms; };
+  const int g = fits(4) ? 4 : fits(2) ? 2 : 1;
+  const bool early = earlyAttention(a.T);
+  const auto kernel = early ? attentionVariant<E, DPL, true>(g) : attentionVariant<E, DPL, false>(g);
+  launchPdl("attention", early, kernel, dim3(a.T, a.heads / g, a.chunks), dim3(threads), 0, s, a);
+  if (a.chunks > 1) attentionMergeKernel<<<dim3(a.T, a.heads), roundUp32(std::min(a.hd, 256)), 0, s>>>(a);
+}
+
+template <class E>
+void attentionFor(const AttentionArgs& a, cudaStream_t s) {
+  if (a.hd <= 32) attentionGrouped<E, 1>(a, s);
+  else if (a.hd <= 64) attentionGrouped<E, 2>(a, s);
+  else if (a.hd <= 128) attentionGrouped<E, 4>(a, s);
+  else attentionGrouped<E, 8>(a, s);
+}
+
+}  // namespace
+
+void qkvNormRopeCache(const QkvArgs& a, cudaStream_t s) {
+  if (a.hd > 1024) throw std::invalid_argument("head_dim above 1024 is not supported on CUDA");
+  if (a.kv == KvElem::F32) qkvFor<float>(a, s);
+  else if (a.kv == KvElem::BF16) qkvFor<bf16>(a, s);
+  else qkvFor<__half>(a, s);
+}
+
+void pagedAttention(const AttentionArgs& a, cudaStream_t s) {
+  if (a.hd > 256) throw std::invalid_argument("head_dim above 256 is not supported on CUDA");
+  if (a.kv == KvElem::F32) attentionFor<float>(a, s);
+  else if (a.kv == KvElem::BF16) attentionFor<bf16>(a, s);
+  else attentionFor<__half>(a, s);
+  launched("attention");
+}
+
+}  // namespace weft::cuda

@@ -1,0 +1,193 @@
+// The GEMMs of steps of up to kSkinnyRows rows: the skinny kernel, and the one-row GEMV that loads its
+// weights before it waits for its input (PDL); declared in cuda_kernels.h.
+#include "cuda_device.cuh"
+#include <stdexcept>
+#include <utility>
+
+namespace weft::cuda {
+namespace {
+
+constexpr int kSkinnyWarps = 8;
+
+// One warp per output column n: lanes take 8 consecutive k at a time (one 16-byte load of w and of
+// each x row), then the warp sums its partial dot products.
+template <int R>
+__global__ void __launch_bounds__(kSkinnyWarps * 32) skinnyKernel(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
+  const int lane = threadIdx.x & 31;
+  const int n = blockIdx.x * kSkinnyWarps + (threadIdx.x >> 5);
+  if (n >= N) return;  // whole warps only
+  const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n) * K);
+  float acc[R];
+#pragma unroll
+  for (int t = 0; t < R; t++) acc[t] = 0.0f;
+  const int chunks = K / 8;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) {
+    const uint4 wv = __ldg(wr + c);
+    const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+    float2 wf[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) wf[j] = __bfloat1622float2(wp[j]);
+#pragma unroll
+    for (int t = 0; t < R; t++) {
+      if (t >= T) break;
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(t) * K) + c);
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float2 xf = __bfloat1622float2(xp[j]);
+        acc[t] = fmaf(xf.x, wf[j].x, acc[t]);
+        acc[t] = fmaf(xf.y, wf[j].y, acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < R; t++) {
+    if (t >= T) break;
+    const float v = warpSum(acc[t]);
+    if (lane == 0) {
+      float* out = y + static_cast<size_t>(t) * N + n;
+      *out = beta == 0.0f ? v : v + beta * *out;
+    }
+  }
+}
+
+// What the one-row GEMV reads as its input row: x in bf16 as it is; the fp32 residual stream
+// RMS-normalized (what rmsnormKernel would write); or the fp32 gate/up output through SiLU·mul (what
+// siluMulKernel would write).
+enum class GemvIn { Bf16, Norm, SiluMul };
+struct GemvInput {
+  const void* x;      // bf16 (K); Norm: fp32 (K); SiluMul: fp32 gate then up (2K)
+  const float* norm;  // Norm: the RMSNorm weight (K)
+  float eps;
+};
+
+// One row (a decode step of one sequence, K = 256·L): the skinny kernel's arithmetic in the same order,
+// so the same bits, but each lane loads all L of its weight chunks before it waits for the kernel that
+// wrote x (PDL): the weights stream while that kernel finishes, instead of after a launch gap. With Norm
+// or SiluMul it also does the elementwise step before it (one kernel fewer): the block computes the
+// row once into shared memory (each warp doing the whole row itself moved four times its weights'
+// bytes through L1), the norm weights loaded before the wait too.
+constexpr int kGemvWarps = 8;
+template <int L, GemvIn In, int C>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, const bf16* w, int N, int K, float* y, float beta) {
+  constexpr bool kStaged = In != GemvIn::Bf16;
+  constexpr int kThreads = kGemvWarps * 32, kPer = kStaged ? 256 * L / kThreads : 1;  // row elements a thread computes
+  const int lane = threadIdx.x & 31;
+  const int n = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * C;  // this warp's C columns from n
+  uint4 wv[C][L];
+#pragma unroll
+  for (int col = 0; col < C; col++) {
+    if (n + col >= N) break;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + static_cast<size_t>(n + col) * K);
+#pragma unroll
+    for (int i = 0; i < L; i++) wv[col][i] = __ldg(wr + lane + 32 * i);
+  }
+  float g[kPer];
+  if constexpr (In == GemvIn::Norm) {
+#pragma unroll
+    for (int j = 0; j < kPer; j++) g[j] = __ldg(in.norm + threadIdx.x + kThreads * j);
+  }
+  allowDependents();  // the next kernel may start (a GEMV loading its weights) while this one waits
+  awaitPrerequisites();
+  // Plain loads below: x was written after this kernel started.
+  __shared__ uint4 staged[kStaged ? 32 * L : 1];
+  if constexpr (kStaged) {
+    const float* x = static_cast<const float*>(in.x);
+    bf16* xb = reinterpret_cast<bf16*>(staged);
+    float xr[kPer], up[kPer];  // SiluMul: xr the gate, up the up projection
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+      xr[j] = x[threadIdx.x + kThreads * j];
+      if constexpr (In == GemvIn::SiluMul) up[j] = x[K + threadIdx.x + kThreads * j];
+    }
+    if constexpr (In == GemvIn::Norm) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPer; j++) ss = addSquare(ss, xr[j]);  // inverseRms's order
+      const float inv = inverseRmsOf(ss, K, in.eps);
+#pragma unroll
+      for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = normed(xr[j], g[j], inv);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = siluTimes(xr[j], up[j]);
+    }
+    __syncthreads();
+  }
+  if (n >= N) return;  // whole warps only (after the block-wide steps)
+  float acc[C] = {};
+#pragma unroll
+  for (int i = 0; i < L; i++) {
+    const int c = lane + 32 * i;
+    const uint4 xv = kStaged ? staged[c] : static_cast<const uint4*>(in.x)[c];
+    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+    for (int col = 0; col < C; col++) {
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[col][i]);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float2 xf = __bfloat1622float2(xp[j]), wf = __bfloat1622float2(wp[j]);
+        acc[col] = fmaf(xf.x, wf.x, acc[col]);
+        acc[col] = fmaf(xf.y, wf.y, acc[col]);
+      }
+    }
+  }
+#pragma unroll
+  for (int col = 0; col < C; col++) {
+    if (n + col >= N) break;  // whole warps
+    const float v = warpSum(acc[col]);
+    if (lane == 0) y[n + col] = beta == 0.0f ? v : v + beta * y[n + col];
+  }
+}
+
+constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
+using GemvKernel = void (*)(GemvInput, const bf16*, int, int, float*, float);
+template <GemvIn In, int C, int... Ls>
+constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {
+  GemvKernel k = nullptr;
+  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, In, C> : k), ...);
+  return k;
+}
+
+// One row, K = 256·L. A warp takes two columns (kernels for L <= 8 only: their registers hold) where
+// one a warp would need more blocks than the GPU holds at once: the second wave's blocks would start
+// their weight loads only when the first wave's end. Each column's arithmetic is the same either way.
+template <GemvIn In>
+bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
+  constexpr auto chunks = std::make_integer_sequence<int, kGemvMaxChunks>{};
+  constexpr auto pairChunks = std::make_integer_sequence<int, kGemvMaxChunks / 2>{};
+  const GemvKernel one = gemvFor<In, 1>(K / 256, chunks);
+  const int blocks = (N + kGemvWarps - 1) / kGemvWarps;
+  int resident = 0;
+  const bool pairs = K / 256 <= kGemvMaxChunks / 2 &&
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, one, kGemvWarps * 32, 0) == cudaSuccess &&
+                     blocks > resident * smCount();
+  const GemvKernel kernel = pairs ? gemvFor<In, 2>(K / 256, pairChunks) : one;
+  const int grid = pairs ? (N + 2 * kGemvWarps - 1) / (2 * kGemvWarps) : blocks;
+  launchPdl("gemv", true, kernel, dim3(grid), dim3(kGemvWarps * 32), 0, s, in, w, N, K, y, beta);
+  return true;
+}
+
+}  // namespace
+
+void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1..8 and K a multiple of 8");
+  if (T == 1 && gemv<GemvIn::Bf16>({x, nullptr, 0.0f}, w, N, K, y, beta, s)) return;
+  const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
+  if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else if (T <= 2) skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else if (T <= 4) skinnyKernel<4><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else skinnyKernel<8><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  launched("skinnyGemm");
+}
+
+bool normedGemv(const float* x, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  return gemv<GemvIn::Norm>({x, norm, eps}, w, N, K, y, beta, s);
+}
+
+bool siluMulGemv(const float* gu, const bf16* w, int N, int I, float* y, float beta, cudaStream_t s) {
+  return gemv<GemvIn::SiluMul>({gu, nullptr, 0.0f}, w, N, I, y, beta, s);
+}
+
+}  // namespace weft::cuda
