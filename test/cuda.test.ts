@@ -2,7 +2,8 @@
  * The CUDA backend on the fixtures: logits within transformers' own CUDA bf16 band of the float32
  * references (for each KV cache element), greedy continuations through the paged cache equal to the
  * reference's except at near-ties, a prefill split into chunks equal to one pass up to rounding,
- * batch invariance within its documented limit, a long row's attention split into chunks of keys
+ * batch invariance within its documented limit, a decode step's folded kernels against the unfolded
+ * ones, a long row's attention split into chunks of keys
  * against the CPU's float32 path, the GPU's greedy sampling equal to the CPU sampler's, and the
  * device on /v1/models and in the start-up log. Where the addon has no CUDA
  * backend or no GPU is visible, the GPU tests skip with a printed notice (run `npm run test:cuda`
@@ -144,6 +145,21 @@ test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, 
   const paired = (await runner.execute([decode(a, 1), decode(b, 20)])).logits![0]!;
   await runner.dispose();
   assert.equal(maxAbsDiff(alone, paired), 0, "the one-row path must give the same logits as the two-row path");
+});
+
+// A decode step (each row its sequence's one new token) folds the q/k/v epilogue into attention; a step
+// that also holds a prefill chunk runs them as two kernels. The same rows must give the same bits.
+test("cuda: a decode step's rows (q/k/v epilogue folded into attention) give the bits of the same rows beside a prefill chunk", { skip }, async () => {
+  const dir = makeModel({ preset: "small", out: tempDir() });
+  const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: "bfloat16" }, "bfloat16", "cuda");
+  const a = Array.from({ length: 20 }, (_, i) => 100 + i * 37), b = Array.from({ length: 24 }, (_, i) => 900 + i * 53);
+  const c = Array.from({ length: 5 }, (_, i) => 400 + i * 11);
+  await runner.execute([prefill(a, 1), prefill(b, 20)]);
+  const folded = (await runner.execute([decode(a, 1), decode(b, 20)])).logits!;
+  const split = (await runner.execute([decode(a, 1), decode(b, 20), prefill(c, 40)])).logits!;
+  await runner.dispose();
+  assert.equal(maxAbsDiff(folded[0]!, split[0]!), 0, "the first decode row must not depend on the fold");
+  assert.equal(maxAbsDiff(folded[1]!, split[1]!), 0, "the second decode row must not depend on the fold");
 });
 
 // A row past kAttnChunk (512) keys is split over blocks and merged (flash decoding): a decode row at

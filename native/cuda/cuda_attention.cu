@@ -7,6 +7,27 @@
 namespace weft::cuda {
 namespace {
 
+// 1 / RMS of one head's hd elements, held one a thread (x, 0 past hd) by the block's warps w0 .. w0 +
+// nw - 1: the sum of squares in blockSum's order over a block of those nw warps, so qkvKernel and
+// decodeAttentionKernel (which normalizes a q and a k head side by side) give the same bits. Every
+// thread of the block calls it.
+__device__ float headInverseRms(float x, int w0, int nw, int hd, float eps) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31;
+  const float s = warpSum(x * x);
+  if (lane == 0) partial[threadIdx.x >> 5] = s;
+  __syncthreads();
+  const float total = warpSum(lane < nw ? partial[w0 + lane] : 0.0f);
+  __syncthreads();  // partial may be reused by a second call
+  return 1.0f / sqrtf(total / hd + eps);
+}
+
+// RoPE of one head's pair (lo, hi) = (v[d], v[d + hd/2]) with its cos and sin. Products rounded before
+// the sum, as transformers and the CPU path (no FMA contraction) compute it.
+__device__ __forceinline__ float2 rotated(float lo, float hi, float2 cs) {
+  return {__fsub_rn(__fmul_rn(lo, cs.x), __fmul_rn(hi, cs.y)), __fadd_rn(__fmul_rn(hi, cs.x), __fmul_rn(lo, cs.y))};
+}
+
 // One block per (row, head of q, k or v); blockDim.x = hd rounded up to a warp. Early: launched with
 // PDL (earlyAttention).
 template <class E, bool Early>
@@ -30,25 +51,21 @@ __global__ void qkvKernel(QkvArgs a) {
   const bool isQ = head < a.heads;
   const float* norm = isQ ? a.qNorm : a.kNorm;
   if (norm) {  // block-uniform branch
-    const float inv = 1.0f / sqrtf(blockSum(x * x) / hd + a.eps);
+    const float inv = headInverseRms(x, 0, blockDim.x >> 5, hd, a.eps);
     if (d < hd) x = norm[d] * (x * inv);
   }
   if (d < hd) v[d] = x;
   __syncthreads();
   const int half = hd / 2;
   if (d < half) {
-    const float2 cs = a.rope[static_cast<size_t>(t) * half + d];
-    const float c = cs.x, s = cs.y;
-    const float lo = v[d], hi = v[d + half];
-    // Products rounded before the sum, as transformers and the CPU path (no FMA contraction) compute it.
-    const float rlo = __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, s)), rhi = __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, s));
+    const float2 r = rotated(v[d], v[d + half], a.rope[static_cast<size_t>(t) * half + d]);
     if (isQ) {
-      row[d] = rlo;
-      row[d + half] = rhi;
+      row[d] = r.x;
+      row[d + half] = r.y;
     } else {
       E* k = static_cast<E*>(a.kCache) + cacheAt + static_cast<size_t>(head - a.heads) * hd;
-      k[d] = store<E>(rlo);
-      k[d + half] = store<E>(rhi);
+      k[d] = store<E>(r.x);
+      k[d + half] = store<E>(r.y);
     }
   }
 }
@@ -71,43 +88,31 @@ constexpr int kAttnWarps = 8;
 // are the same either way, so the same bits.
 constexpr int kAttnUnroll = 4, kAttnUnrollEarly = 16;
 
-// One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1:
-// one block per query head), kAttnWarps warps splitting the chunk's keys; each lane holds head
-// dimensions lane, lane + 32, ... (DPL of them). Each key and value is loaded once for the G heads.
-// Online softmax in fp32, merged across warps at the end. Per query head the operations and their
-// order do not depend on G.
-// Early: launched with PDL (earlyAttention).
-template <class E, int DPL, int G, bool Early>
-__global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
-  allowDependents();  // the output projection may start loading its weights
-  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int hd = a.hd, group = a.heads / a.kvHeads;
-  const int h0 = blockIdx.y * G, kvh = h0 / group;  // G divides group: the G heads share kvh
-  const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
-  if constexpr (Early) awaitPrerequisites();  // the q/k/v kernel
-  float qr[G][DPL], acc[G][DPL], m[G], l[G];
+// Row t's query heads h0 .. h0 + G - 1 (qr: each lane's dimensions lane, lane + 32, ..., scaled) over
+// this block's chunk c of the row's keys, read through its block table from KV head kvh. kAttnWarps
+// warps split the chunk's keys; each lane holds DPL head dimensions; each key and value is loaded
+// once for the G heads. Online softmax in fp32, merged across warps at the end, into the output row
+// (a row of one chunk) or the chunk's partial. Per query head the operations and their order do not
+// depend on G. The caller has returned for chunks past the row's last key.
+template <class E, int DPL, int G, int U>
+__device__ __forceinline__ void attend(const AttentionArgs& a, int t, int h0, int kvh, int c, int chunks, const float (&qr)[G][DPL]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = a.hd;
+  float acc[G][DPL], m[G], l[G];
 #pragma unroll
   for (int g = 0; g < G; g++) {
-    const float* q = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(h0 + g) * hd;
 #pragma unroll
-    for (int j = 0; j < DPL; j++) {
-      const int d = lane + 32 * j;
-      qr[g][j] = d < hd ? q[d] * a.scale : 0.0f;
-      acc[g][j] = 0.0f;
-    }
+    for (int j = 0; j < DPL; j++) acc[g][j] = 0.0f;
     m[g] = -FLT_MAX;
     l[g] = 0.0f;
   }
-  const int last = a.positions[t];  // keys 0 .. last (causal: the row's own position included)
-  // This block's keys k0 .. k1; a row of one chunk is computed as it was before chunks existed.
-  const int chunks = attentionChunks(last + 1), c = blockIdx.z;
-  if (c >= chunks) return;
+  // This block's keys k0 .. k1 (causal: up to the row's own position); a row of one chunk is computed
+  // as it was before chunks existed.
+  const int last = a.positions[t];
   const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
   // Warp w takes keys w, w + kAttnWarps, ...; U of them per iteration, loaded before any is used.
-  constexpr int U = Early ? kAttnUnrollEarly : kAttnUnroll;
   for (int base = k0 + warp; base <= k1; base += kAttnWarps * U) {
     float kr[U][DPL], vr[U][DPL];
 #pragma unroll
@@ -174,6 +179,85 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
   }
 }
 
+// One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1:
+// one block per query head); attend() does the work. Early: launched with PDL (earlyAttention).
+template <class E, int DPL, int G, bool Early>
+__global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs a) {
+  allowDependents();  // the output projection may start loading its weights
+  const int t = blockIdx.x, lane = threadIdx.x & 31, hd = a.hd, group = a.heads / a.kvHeads;
+  const int h0 = blockIdx.y * G, kvh = h0 / group;  // G divides group: the G heads share kvh
+  const int qkvDim = (a.heads + 2 * a.kvHeads) * hd;
+  if constexpr (Early) awaitPrerequisites();  // the q/k/v kernel
+  const int chunks = attentionChunks(a.positions[t] + 1), c = blockIdx.z;
+  if (c >= chunks) return;
+  float qr[G][DPL];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    const float* q = a.qkv + static_cast<size_t>(t) * qkvDim + static_cast<size_t>(h0 + g) * hd;
+#pragma unroll
+    for (int j = 0; j < DPL; j++) {
+      const int d = lane + 32 * j;
+      qr[g][j] = d < hd ? q[d] * a.scale : 0.0f;
+    }
+  }
+  attend<E, DPL, G, Early ? kAttnUnrollEarly : kAttnUnroll>(a, t, h0, kvh, c, chunks, qr);
+}
+
+// A decode step (each row its sequence's one new token, at most kSkinnyRows rows, hd <= 128) with the
+// q/k/v epilogue folded into attention: one block per (row, query head, chunk), launched with PDL.
+// Threads 0 .. HT - 1 (HT: hd rounded up to a warp) compute the q head and the v head, threads HT ..
+// 2·HT - 1 the k head, each as qkvKernel does (the same bits); the blocks of the row's last chunk
+// write the new key and value into the cache (the group's query heads all write the same bits) and
+// then read it back with the other keys, so no block needs another's work. One kernel a layer fewer,
+// and no round trip of q through memory.
+constexpr int kDecodeHeadDim = kAttnWarps * 32 / 2;  // the q and k heads side by side fill the block
+template <class E, int DPL>
+__global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs e, AttentionArgs a) {
+  __shared__ float qs[kDecodeHeadDim], ks[kDecodeHeadDim];
+  allowDependents();  // the output projection may start loading its weights
+  const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, hd = a.hd, half = hd / 2;
+  const int kvh = h / (a.heads / a.kvHeads), HT = (hd + 31) & ~31, nw = HT >> 5;
+  const bool isK = static_cast<int>(threadIdx.x) >= HT;
+  const int d = isK ? threadIdx.x - HT : threadIdx.x;
+  // This thread's q (or k) head and element, and its v element; the weights are read before the wait.
+  const int head = isK ? a.heads + kvh : h, vHead = a.heads + a.kvHeads + kvh;
+  const float* norm = isK ? e.kNorm : e.qNorm;
+  const bool in = d < hd;
+  const float weight = in && norm ? norm[d] : 0.0f;
+  const float bias = in && e.bias ? e.bias[head * hd + d] : 0.0f, vBias = in && e.bias ? e.bias[vHead * hd + d] : 0.0f;
+  awaitPrerequisites();  // the q/k/v GEMV
+  const int chunks = attentionChunks(a.positions[t] + 1);
+  if (c >= chunks) return;
+  const bool writes = c == chunks - 1;  // the chunk holding the row's own key
+  const float* row = e.qkv + static_cast<size_t>(t) * (a.heads + 2 * a.kvHeads) * hd;
+  float x = in ? row[static_cast<size_t>(head) * hd + d] + bias : 0.0f;
+  if (e.qNorm || e.kNorm) {  // block-uniform: both halves reduce together
+    const float inv = headInverseRms(x, isK ? nw : 0, nw, hd, e.eps);
+    if (in && norm) x = weight * (x * inv);
+  }
+  float* v = isK ? ks : qs;
+  if (in) v[d] = x;
+  __syncthreads();
+  const size_t cacheAt = (static_cast<size_t>(e.slots[t]) * a.kvHeads + kvh) * hd;
+  if (d < half) {
+    const float2 r = rotated(v[d], v[d + half], e.rope[static_cast<size_t>(t) * half + d]);
+    if (!isK) {
+      qs[d] = r.x;
+      qs[d + half] = r.y;
+    } else if (writes) {
+      static_cast<E*>(e.kCache)[cacheAt + d] = store<E>(r.x);
+      static_cast<E*>(e.kCache)[cacheAt + d + half] = store<E>(r.y);
+    }
+  }
+  if (!isK && in && writes) static_cast<E*>(e.vCache)[cacheAt + d] = store<E>(row[static_cast<size_t>(vHead) * hd + d] + vBias);
+  __syncthreads();  // q in shared memory, the new key and value in the cache
+  float qr[1][DPL];
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < DPL; j++) qr[0][j] = lane + 32 * j < hd ? qs[lane + 32 * j] * a.scale : 0.0f;
+  attend<E, DPL, 1, kAttnUnrollEarly>(a, t, h, kvh, c, chunks, qr);
+}
+
 // One block per (row, query head) of a row split into chunks: the chunks' partials merged in chunk
 // order, as the warps' are inside a block. Rows of one chunk were written by attentionKernel.
 __global__ void attentionMergeKernel(AttentionArgs a) {
@@ -206,6 +290,11 @@ void qkvFor(const QkvArgs& a, cudaStream_t s) {
   launchPdl("qkv", early, early ? qkvKernel<E, true> : qkvKernel<E, false>, dim3(a.T, a.heads + 2 * a.kvHeads), dim3(threads), a.hd * sizeof(float), s, a);
 }
 
+// The chunks' partials of rows split over blocks, merged (nothing when no row can be split).
+void mergeChunks(const AttentionArgs& a, cudaStream_t s) {
+  if (a.chunks > 1) attentionMergeKernel<<<dim3(a.T, a.heads), roundUp32(std::min(a.hd, 256)), 0, s>>>(a);
+}
+
 template <class E, int DPL, bool Early>
 auto attentionVariant(int g) {
   return g == 4 ? attentionKernel<E, DPL, 4, Early> : g == 2 ? attentionKernel<E, DPL, 2, Early> : attentionKernel<E, DPL, 1, Early>;
@@ -223,7 +312,14 @@ void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
   const bool early = earlyAttention(a.T);
   const auto kernel = early ? attentionVariant<E, DPL, true>(g) : attentionVariant<E, DPL, false>(g);
   launchPdl("attention", early, kernel, dim3(a.T, a.heads / g, a.chunks), dim3(threads), 0, s, a);
-  if (a.chunks > 1) attentionMergeKernel<<<dim3(a.T, a.heads), roundUp32(std::min(a.hd, 256)), 0, s>>>(a);
+  mergeChunks(a, s);
+}
+
+template <class E>
+void decodeAttentionFor(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s) {
+  const auto kernel = a.hd <= 32 ? decodeAttentionKernel<E, 1> : a.hd <= 64 ? decodeAttentionKernel<E, 2> : decodeAttentionKernel<E, 4>;
+  launchPdl("attention", true, kernel, dim3(a.T, a.heads, a.chunks), dim3(kAttnWarps * 32), 0, s, e, a);
+  mergeChunks(a, s);
 }
 
 template <class E>
@@ -241,6 +337,15 @@ void qkvNormRopeCache(const QkvArgs& a, cudaStream_t s) {
   if (a.kv == KvElem::F32) qkvFor<float>(a, s);
   else if (a.kv == KvElem::BF16) qkvFor<bf16>(a, s);
   else qkvFor<__half>(a, s);
+}
+
+bool decodeAttention(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s) {
+  if (!earlyAttention(a.T) || a.hd > kDecodeHeadDim) return false;
+  if (a.kv == KvElem::F32) decodeAttentionFor<float>(e, a, s);
+  else if (a.kv == KvElem::BF16) decodeAttentionFor<bf16>(e, a, s);
+  else decodeAttentionFor<__half>(e, a, s);
+  launched("attention");
+  return true;
 }
 
 void pagedAttention(const AttentionArgs& a, cudaStream_t s) {

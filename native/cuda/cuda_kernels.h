@@ -55,6 +55,10 @@ struct AttentionArgs {
   int chunks;  // attentionChunks(maxBlocks · blockSize): the longest row the block tables can hold
 };
 void pagedAttention(const AttentionArgs& a, cudaStream_t s);
+// qkvNormRopeCache and then pagedAttention in one kernel, the same bits, for a decode step: every row
+// its sequence's only new token (the caller's guarantee), at most kSkinnyRows rows, hd <= 128. False
+// (nothing launched) for other shapes.
+bool decodeAttention(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s);
 constexpr int kAttnChunk = 512;
 // The chunks of kAttnChunk keys a row of `keys` keys is split into (1: not split): its length alone
 // decides, never its batch.

@@ -384,19 +384,21 @@ class CudaModel : public Backend {
     const int qDim = cfg_.heads * hd, qkvDim = (cfg_.heads + 2 * cfg_.kvHeads) * hd;
     cuda::embed(tokens_, T, embed_.get(), H, x_.get(), stream_);
     cuda::ropeTable(positions_, invFreq_.get(), cfg_.attentionScaling, T, hd / 2, rope_.get(), stream_);
+    const bool decode = static_cast<int>(in.seqStarts.size()) - 1 == T;  // each row its sequence's one new token
     for (int l = 0; l < cfg_.layers; l++) {
       const Layer& L = layers_[l];
       timed(&Profile::matmul, [&] { normedGemm(L.attnNorm.get(), T, L.qkv.get(), qkvDim, qkv_.get(), 0.0f); });
       char* kc = static_cast<char*>(kCache_) + kvLayerBytes_ * l;
       char* vc = static_cast<char*>(vCache_) + kvLayerBytes_ * l;
       timed(&Profile::attention, [&] {
-        cuda::qkvNormRopeCache({qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), rope_.get(), cfg_.rmsEps, slots_, kc, vc,
-                                kvElem(), T, cfg_.heads, cfg_.kvHeads, hd},
-                               stream_);
-        cuda::pagedAttention({qkv_.get(), kc, vc, kvElem(), positions_, seqOf_, tables_, xn_.get(), T, cfg_.heads, cfg_.kvHeads, hd,
-                              cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd)), partial_.get(),
-                              cuda::attentionChunks(in.maxBlocks * cfg_.blockSize)},
-                             stream_);
+        const cuda::QkvArgs e{qkv_.get(), L.bias.get(), L.qNorm.get(), L.kNorm.get(), rope_.get(), cfg_.rmsEps, slots_, kc, vc,
+                              kvElem(), T, cfg_.heads, cfg_.kvHeads, hd};
+        const cuda::AttentionArgs a{qkv_.get(), kc, vc, kvElem(), positions_, seqOf_, tables_, xn_.get(), T, cfg_.heads, cfg_.kvHeads, hd,
+                                    cfg_.blockSize, in.maxBlocks, 1.0f / std::sqrt(static_cast<float>(hd)), partial_.get(),
+                                    cuda::attentionChunks(in.maxBlocks * cfg_.blockSize)};
+        if (decode && cuda::decodeAttention(e, a, stream_)) return;
+        cuda::qkvNormRopeCache(e, stream_);
+        cuda::pagedAttention(a, stream_);
       });
       // The residual add is the GEMM's beta = 1.
       timed(&Profile::matmul, [&] { gemm(xn_.get(), T, L.o.get(), H, qDim, x_.get(), 1.0f); });
