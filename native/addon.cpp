@@ -389,6 +389,11 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
       return rejected(env, e.what());
     }
     if (state_->stepping) return rejected(env, "a step is already running on this model");
+    try {
+      state_->model->launch(in);
+    } catch (const std::exception& e) {
+      return rejected(env, e.what());
+    }
     if (info[0].As<Napi::Object>().Get("masksPending").ToBoolean()) {
       state_->maskGate->reset();
       in.maskGate = state_->maskGate.get();

@@ -107,6 +107,11 @@ bool awaitMasks(const StepInput& in);
 class Backend {
  public:
   virtual ~Backend() = default;
+  // Starts the step from the calling (JS) thread when that takes a few microseconds: a CUDA decode
+  // step whose graph is captured is uploaded and launched here, so the GPU need not wait for a worker
+  // thread to wake and pick the step up. True when started; step(in) then finishes it (the same `in`).
+  // Throws what step() would for an invalid batch.
+  virtual bool launch(const StepInput&) { return false; }
   virtual StepOutput step(const StepInput& in) = 0;
   virtual size_t kvCacheBytes() const = 0;
   // Bytes of the weight matrices as the backend holds them: what one decode step reads.

@@ -194,10 +194,10 @@ class CudaModel : public Backend {
   const ModelConfig& config() const override { return cfg_; }
   const char* device() const override { return "cuda"; }
   std::string deviceName() const override { return name_; }
-  // A step launches its graph and waits on the GPU, so it runs on the libuv worker that took it:
-  // the compute thread's hand-off and back cost 10-80 us of a 1.3 ms one-sequence step on the H200
-  // host (GPU.md). The CPU sampler's one parallel region a step (rows not sampled on the GPU) then
-  // starts on that worker.
+  // A step waits on the GPU, so it runs on the libuv worker that took it (launched from the JS thread
+  // before, when it replays a graph: launch()): the compute thread's hand-off and back cost 10-80 us
+  // of a 1.3 ms one-sequence step on the H200 host (GPU.md). The CPU sampler's one parallel region a
+  // step (rows not sampled on the GPU) then starts on that worker.
   bool needsComputeThread() const override { return false; }
 
   Profile takeProfile() override {
@@ -207,26 +207,31 @@ class CudaModel : public Backend {
     return p;
   }
 
-  StepOutput step(const StepInput& in) override {
-    validateStep(cfg_, in);
-    if (!in.scoreRows.empty()) throw std::invalid_argument("prompt log-probs are not computed on the CUDA backend");
+  bool launch(const StepInput& in) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    check(cudaSetDevice(0), "set device");  // step() runs on whichever worker thread libuv picks
-    const auto start = std::chrono::steady_clock::now();
-    const int T = static_cast<int>(in.tokens.size()), B = static_cast<int>(in.seqStarts.size()) - 1;
-    const int S = static_cast<int>(in.sampleRows.size());
-    prepare(in, T, B, S);
-    uploadStep(in, T, B, S);
-    run(in, T, B, S);
+    check(cudaSetDevice(0), "set device");
+    started_ = std::chrono::steady_clock::now();
+    launched_ = begin(in, true);
+    return launched_;
+  }
+
+  StepOutput step(const StepInput& in) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!launched_) {
+      check(cudaSetDevice(0), "set device");  // step() runs on whichever worker thread libuv picks
+      started_ = std::chrono::steady_clock::now();
+      begin(in, false);
+    }
+    launched_ = false;
     StepOutput out = beginSampling(in);
-    const double sampling = sample(in, S, out);
-    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double sampling = sample(in, static_cast<int>(in.sampleRows.size()), out);
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     // GPU work is asynchronous: without WEFT_CUDA_PROFILE=1 the forward pass and the transfers are
     // timed as a whole, under `other`; `sampling` is the CPU sampler's share (rows not sampled on the GPU).
     profile_.sampling += sampling;
     profile_.other += total - sampling - collectSpans();
     profile_.steps++;
-    profile_.tokens += T;
+    profile_.tokens += static_cast<long>(in.tokens.size());
     return out;
   }
 
@@ -315,11 +320,29 @@ class CudaModel : public Backend {
     if (moved) dropGraphs();
   }
 
+  // Checks the step, grows the buffers, uploads its inputs and launches its forward pass; with
+  // replayOnly, only when that is a captured graph's replay (false, nothing uploaded, otherwise).
+  bool begin(const StepInput& in, bool replayOnly) {
+    validateStep(cfg_, in);
+    if (!in.scoreRows.empty()) throw std::invalid_argument("prompt log-probs are not computed on the CUDA backend");
+    const int T = static_cast<int>(in.tokens.size()), B = static_cast<int>(in.seqStarts.size()) - 1;
+    const int S = static_cast<int>(in.sampleRows.size());
+    prepare(in, T, B, S);
+    if (replayOnly && !(graphed(in, T, B, S) && graphExecs_.count({T, in.maxBlocks}))) return false;
+    uploadStep(in, T, B, S);
+    run(in, T, B, S);
+    return true;
+  }
+
   // Decode steps (one sampled row per sequence, no logits asked) replay a CUDA graph of the
   // forward pass, captured once per (rows, block-table width): a few hundred kernel launches
   // become one. Everything a graph reads sits at fixed addresses; only the contents change.
+  bool graphed(const StepInput& in, int T, int B, int S) const {
+    return graphs_ && !profiling_ && T == S && B == T && !in.returnLogits;
+  }
+
   void run(const StepInput& in, int T, int B, int S) {
-    if (!graphs_ || profiling_ || T != S || B != T || in.returnLogits) return forward(in, T, S);
+    if (!graphed(in, T, B, S)) return forward(in, T, S);
     const std::pair<int, int> key{T, in.maxBlocks};
     auto it = graphExecs_.find(key);
     if (it == graphExecs_.end()) {
@@ -478,6 +501,8 @@ class CudaModel : public Backend {
   static constexpr size_t kMaxGraphs = 256;
   std::mutex mutex_;
   Profile profile_;
+  bool launched_ = false;  // the step in flight was started by launch()
+  std::chrono::steady_clock::time_point started_;  // when the step in flight began
   DeviceArray<char> workspace_;
   bool graphs_ = true;  // WEFT_CUDA_GRAPHS=0 turns decode graphs off
   bool profiling_ = false;  // WEFT_CUDA_PROFILE=1 times kernels with events
