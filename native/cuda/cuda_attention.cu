@@ -179,6 +179,121 @@ __device__ __forceinline__ void attend(const AttentionArgs& a, int t, int h0, in
   }
 }
 
+// Eight consecutive KV elements as one lane loads them (one 16-byte load, two for fp32), widened one
+// at a time when read: exact conversions.
+template <class E> struct Eight;
+template <> struct Eight<float> {
+  float4 lo, hi;
+  __device__ __forceinline__ void load(const float* p) {
+    lo = *reinterpret_cast<const float4*>(p);
+    hi = *reinterpret_cast<const float4*>(p + 4);
+  }
+  __device__ __forceinline__ float operator[](int i) const {
+    const float4& v = i < 4 ? lo : hi;
+    return (i & 3) == 0 ? v.x : (i & 3) == 1 ? v.y : (i & 3) == 2 ? v.z : v.w;
+  }
+};
+template <class E> struct EightHalves {  // bf16 or fp16: four 32-bit words of two elements each
+  uint4 w;
+  __device__ __forceinline__ void load(const E* p) { w = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ uint32_t word(int i) const { return i < 2 ? (i == 0 ? w.x : w.y) : (i == 2 ? w.z : w.w); }
+};
+template <> struct Eight<bf16> : EightHalves<bf16> {
+  __device__ __forceinline__ float operator[](int i) const {
+    const uint32_t b = word(i >> 1);
+    return __uint_as_float(i & 1 ? b & 0xffff0000u : b << 16);
+  }
+};
+template <> struct Eight<__half> : EightHalves<__half> {
+  __device__ __forceinline__ float operator[](int i) const {
+    const uint32_t b = word(i >> 1);
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(i & 1 ? b >> 16 : b & 0xffffu)));
+  }
+};
+
+// Keys a stream of attendPacked takes per iteration, their loads in flight together.
+constexpr int kPackedUnroll = 8;
+// The head sizes attendPacked takes: hd / 8 lanes a key, a power of two from 2 to 32.
+bool packedHeadDim(int hd) { return hd % 8 == 0 && hd >= 16 && hd <= 256 && ((hd / 8) & (hd / 8 - 1)) == 0; }
+
+// attend() for steps of a few rows (earlyAttention), for one query head of hd = 8 · LPK: each key's K
+// and V rows are read by LPK lanes, eight consecutive dimensions a lane in one 16-byte load (two for
+// fp32), so a warp takes 32 / LPK keys at once and a key costs a few dozen instructions, where attend()
+// spends over a hundred (2-byte loads widened one by one, a 32-lane sum a key). q: the lane's eight
+// dimensions (lane % LPK) · 8 ..., scaled. Stream s = warp · 32 / LPK + lane / LPK of the block's S
+// streams takes keys k0 + s, k0 + s + S, ...; each runs the online softmax over its keys in order, and
+// the streams are merged in stream order at the end: an order fixed by the row's length, never its batch.
+template <class E, int LPK>
+__device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int h, int kvh, int c, int chunks, const float (&q)[8]) {
+  constexpr int KPW = 32 / LPK, S = kAttnWarps * KPW, U = kPackedUnroll, HD = 8 * LPK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK, stream = warp * KPW + sub;
+  const int last = a.positions[t];
+  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
+  const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
+  const E* K = static_cast<const E*>(a.kCache);
+  const E* V = static_cast<const E*>(a.vCache);
+  float acc[8], m = -FLT_MAX, l = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+  // The loop runs while the warp's first stream has keys, so every lane takes part in the shuffles.
+  for (int base = k0 + warp * KPW; base <= k1; base += S * U) {
+    Eight<E> kr[U], vr[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int key = min(base + sub + u * S, k1);  // past the end: a valid key, ignored below
+      const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * HD + part * 8;
+      kr[u].load(K + at);
+      vr[u].load(V + at);
+    }
+    float score[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; i++) dot += q[i] * kr[u][i];
+#pragma unroll
+      for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      score[u] = dot;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (base + sub + u * S > k1) break;
+      const float mNew = fmaxf(m, score[u]);
+      const float corr = __expf(m - mNew), p = __expf(score[u] - mNew);
+      l = l * corr + p;
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[i] = acc[i] * corr + p * vr[u][i];
+      m = mNew;
+    }
+  }
+  __shared__ float ms[S], ls[S];
+  __shared__ __align__(16) float accs[S * HD];
+  if (part == 0) {
+    ms[stream] = m;
+    ls[stream] = l;
+  }
+  float4* mine = reinterpret_cast<float4*>(accs + stream * HD + part * 8);
+  mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  mine[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  __syncthreads();
+  float M = -FLT_MAX;
+  for (int w = 0; w < S; w++) M = fmaxf(M, ms[w]);
+  float L = 0.0f;
+  for (int w = 0; w < S; w++) L += ls[w] * __expf(ms[w] - M);  // a stream with no key has l = 0
+  bf16* out = a.out + static_cast<size_t>(t) * a.heads * HD + static_cast<size_t>(h) * HD;
+  float* partial = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h) * a.chunks + c) * (HD + 2) : nullptr;
+  if (chunks > 1 && threadIdx.x == 0) {
+    partial[0] = M;
+    partial[1] = L;
+  }
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < S; w++) o += accs[w * HD + d] * __expf(ms[w] - M);
+    if (chunks > 1) partial[2 + d] = o;
+    else out[d] = __float2bfloat16_rn(o / L);
+  }
+}
+
 // One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1:
 // one block per query head); attend() does the work. Early: launched with PDL (earlyAttention).
 template <class E, int DPL, int G, bool Early>
@@ -203,6 +318,22 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
   attend<E, DPL, G, Early ? kAttnUnrollEarly : kAttnUnroll>(a, t, h0, kvh, c, chunks, qr);
 }
 
+// Steps of a few rows (earlyAttention) whose head size attendPacked takes: one block per (row, query
+// head, chunk), launched with PDL.
+template <class E, int LPK>
+__global__ void __launch_bounds__(kAttnWarps * 32) earlyAttentionKernel(AttentionArgs a) {
+  allowDependents();  // the output projection may start loading its weights
+  const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, part = (threadIdx.x & 31) % LPK;
+  awaitPrerequisites();  // the q/k/v kernel
+  const int chunks = attentionChunks(a.positions[t] + 1);
+  if (c >= chunks) return;
+  const float* qh = a.qkv + static_cast<size_t>(t) * (a.heads + 2 * a.kvHeads) * a.hd + static_cast<size_t>(h) * a.hd + part * 8;
+  float q[8];
+#pragma unroll
+  for (int i = 0; i < 8; i++) q[i] = qh[i] * a.scale;
+  attendPacked<E, LPK>(a, t, h, h / (a.heads / a.kvHeads), c, chunks, q);
+}
+
 // A decode step (each row its sequence's one new token, at most kSkinnyRows rows, hd <= 128) with the
 // q/k/v epilogue folded into attention: one block per (row, query head, chunk), launched with PDL.
 // Threads 0 .. HT - 1 (HT: hd rounded up to a warp) compute the q head and the v head, threads HT ..
@@ -211,7 +342,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
 // then read it back with the other keys, so no block needs another's work. One kernel a layer fewer,
 // and no round trip of q through memory.
 constexpr int kDecodeHeadDim = kAttnWarps * 32 / 2;  // the q and k heads side by side fill the block
-template <class E, int DPL>
+template <class E, int LPK>
 __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs e, AttentionArgs a) {
   __shared__ float qs[kDecodeHeadDim], ks[kDecodeHeadDim];
   allowDependents();  // the output projection may start loading its weights
@@ -251,11 +382,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs
   }
   if (!isK && in && writes) static_cast<E*>(e.vCache)[cacheAt + d] = store<E>(row[static_cast<size_t>(vHead) * hd + d] + vBias);
   __syncthreads();  // q in shared memory, the new key and value in the cache
-  float qr[1][DPL];
-  const int lane = threadIdx.x & 31;
+  float q[8];
+  const int part = (threadIdx.x & 31) % LPK;
 #pragma unroll
-  for (int j = 0; j < DPL; j++) qr[0][j] = lane + 32 * j < hd ? qs[lane + 32 * j] * a.scale : 0.0f;
-  attend<E, DPL, 1, kAttnUnrollEarly>(a, t, h, kvh, c, chunks, qr);
+  for (int i = 0; i < 8; i++) q[i] = qs[part * 8 + i] * a.scale;
+  attendPacked<E, LPK>(a, t, h, kvh, c, chunks, q);
 }
 
 // One block per (row, query head) of a row split into chunks: the chunks' partials merged in chunk
@@ -315,15 +446,35 @@ void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
   mergeChunks(a, s);
 }
 
+// A packed kernel's instantiation for the head size (packedHeadDim(hd), at most 8 · K::kMaxLanes): K<E, hd / 8>.
+template <template <class, int> class K, class E, int LPK = 2>
+auto forHeadDim(int hd) {
+  if constexpr (LPK < K<E, LPK>::kMaxLanes) {
+    if (hd != 8 * LPK) return forHeadDim<K, E, 2 * LPK>(hd);
+  }
+  return K<E, LPK>::kernel;
+}
+template <class E, int LPK> struct EarlyKernel {
+  static constexpr int kMaxLanes = 32;
+  static constexpr auto kernel = earlyAttentionKernel<E, LPK>;
+};
+template <class E, int LPK> struct DecodeKernel {
+  static constexpr int kMaxLanes = kDecodeHeadDim / 8;
+  static constexpr auto kernel = decodeAttentionKernel<E, LPK>;
+};
+
 template <class E>
 void decodeAttentionFor(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s) {
-  const auto kernel = a.hd <= 32 ? decodeAttentionKernel<E, 1> : a.hd <= 64 ? decodeAttentionKernel<E, 2> : decodeAttentionKernel<E, 4>;
-  launchPdl("attention", true, kernel, dim3(a.T, a.heads, a.chunks), dim3(kAttnWarps * 32), 0, s, e, a);
+  launchPdl("attention", true, forHeadDim<DecodeKernel, E>(a.hd), dim3(a.T, a.heads, a.chunks), dim3(kAttnWarps * 32), 0, s, e, a);
   mergeChunks(a, s);
 }
 
 template <class E>
 void attentionFor(const AttentionArgs& a, cudaStream_t s) {
+  if (earlyAttention(a.T) && packedHeadDim(a.hd)) {
+    launchPdl("attention", true, forHeadDim<EarlyKernel, E>(a.hd), dim3(a.T, a.heads, a.chunks), dim3(kAttnWarps * 32), 0, s, a);
+    return mergeChunks(a, s);
+  }
   if (a.hd <= 32) attentionGrouped<E, 1>(a, s);
   else if (a.hd <= 64) attentionGrouped<E, 2>(a, s);
   else if (a.hd <= 128) attentionGrouped<E, 4>(a, s);
@@ -340,7 +491,7 @@ void qkvNormRopeCache(const QkvArgs& a, cudaStream_t s) {
 }
 
 bool decodeAttention(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s) {
-  if (!earlyAttention(a.T) || a.hd > kDecodeHeadDim) return false;
+  if (!earlyAttention(a.T) || a.hd > kDecodeHeadDim || !packedHeadDim(a.hd)) return false;
   if (a.kv == KvElem::F32) decodeAttentionFor<float>(e, a, s);
   else if (a.kv == KvElem::BF16) decodeAttentionFor<bf16>(e, a, s);
   else decodeAttentionFor<__half>(e, a, s);
