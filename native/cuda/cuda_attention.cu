@@ -211,30 +211,34 @@ template <> struct Eight<__half> : EightHalves<__half> {
   }
 };
 
-// Keys a stream of attendPacked takes per iteration, their loads in flight together.
-constexpr int kPackedUnroll = 8;
-// The head sizes attendPacked takes: hd / 8 lanes a key, a power of two from 2 to 32.
-bool packedHeadDim(int hd) { return hd % 8 == 0 && hd >= 16 && hd <= 256 && ((hd / 8) & (hd / 8 - 1)) == 0; }
+// The head sizes attendPacked takes (hd / 8 lanes a key): the fixtures' 16 and the common 64 and 128.
+bool packedHeadDim(int hd) { return hd == 16 || hd == 64 || hd == 128; }
 
-// attend() for steps of a few rows (earlyAttention), for one query head of hd = 8 · LPK: each key's K
-// and V rows are read by LPK lanes, eight consecutive dimensions a lane in one 16-byte load (two for
-// fp32), so a warp takes 32 / LPK keys at once and a key costs a few dozen instructions, where attend()
-// spends over a hundred (2-byte loads widened one by one, a 32-lane sum a key). q: the lane's eight
-// dimensions (lane % LPK) · 8 ..., scaled. Stream s = warp · 32 / LPK + lane / LPK of the block's S
-// streams takes keys k0 + s, k0 + s + S, ...; each runs the online softmax over its keys in order, and
-// the streams are merged in stream order at the end: an order fixed by the row's length, never its batch.
-template <class E, int LPK>
-__device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int h, int kvh, int c, int chunks, const float (&q)[8]) {
-  constexpr int KPW = 32 / LPK, S = kAttnWarps * KPW, U = kPackedUnroll, HD = 8 * LPK;
+// attend() for the head sizes of packedHeadDim, hd = 8 · LPK: each key's K and V rows are read by LPK
+// lanes, eight consecutive dimensions a lane in one 16-byte load (two for fp32), so a warp takes 32 /
+// LPK keys at once and a key costs a few dozen instructions, where attend() spends over a hundred
+// (2-byte loads widened one by one, a 32-lane sum a key). q: each head's eight dimensions of the lane,
+// (lane % LPK) · 8 ..., scaled. Stream s = warp · 32 / LPK + lane / LPK of the block's S streams takes
+// keys k0 + s, k0 + s + S, ..., U of them per iteration (loaded before any is used); each runs the
+// online softmax over its keys in order, and the streams are merged in stream order at the end. The
+// order depends on the row's length alone: not on its batch, G or U.
+template <class E, int LPK, int G, int U>
+__device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int h0, int kvh, int c, int chunks, const float (&q)[G][8]) {
+  constexpr int KPW = 32 / LPK, S = kAttnWarps * KPW, HD = 8 * LPK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK, stream = warp * KPW + sub;
   const int last = a.positions[t];
   const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
-  float acc[8], m = -FLT_MAX, l = 0.0f;
+  float acc[G][8], m[G], l[G];
 #pragma unroll
-  for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+  for (int g = 0; g < G; g++) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[g][i] = 0.0f;
+    m[g] = -FLT_MAX;
+    l[g] = 0.0f;
+  }
   // The loop runs while the warp's first stream has keys, so every lane takes part in the shuffles.
   for (int base = k0 + warp * KPW; base <= k1; base += S * U) {
     Eight<E> kr[U], vr[U];
@@ -245,54 +249,66 @@ __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int 
       kr[u].load(K + at);
       vr[u].load(V + at);
     }
-    float score[U];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      float dot = 0.0f;
+    for (int g = 0; g < G; g++) {
+      float score[U];
 #pragma unroll
-      for (int i = 0; i < 8; i++) dot += q[i] * kr[u][i];
+      for (int u = 0; u < U; u++) {
+        float dot = 0.0f;
 #pragma unroll
-      for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      score[u] = dot;
-    }
+        for (int i = 0; i < 8; i++) dot += q[g][i] * kr[u][i];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      if (base + sub + u * S > k1) break;
-      const float mNew = fmaxf(m, score[u]);
-      const float corr = __expf(m - mNew), p = __expf(score[u] - mNew);
-      l = l * corr + p;
+        for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        score[u] = dot;
+      }
 #pragma unroll
-      for (int i = 0; i < 8; i++) acc[i] = acc[i] * corr + p * vr[u][i];
-      m = mNew;
+      for (int u = 0; u < U; u++) {
+        if (base + sub + u * S > k1) break;
+        const float mNew = fmaxf(m[g], score[u]);
+        const float corr = __expf(m[g] - mNew), p = __expf(score[u] - mNew);
+        l[g] = l[g] * corr + p;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[g][i] = acc[g][i] * corr + p * vr[u][i];
+        m[g] = mNew;
+      }
     }
   }
   __shared__ float ms[S], ls[S];
   __shared__ __align__(16) float accs[S * HD];
-  if (part == 0) {
-    ms[stream] = m;
-    ls[stream] = l;
-  }
-  float4* mine = reinterpret_cast<float4*>(accs + stream * HD + part * 8);
-  mine[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  mine[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-  __syncthreads();
-  float M = -FLT_MAX;
-  for (int w = 0; w < S; w++) M = fmaxf(M, ms[w]);
-  float L = 0.0f;
-  for (int w = 0; w < S; w++) L += ls[w] * __expf(ms[w] - M);  // a stream with no key has l = 0
-  bf16* out = a.out + static_cast<size_t>(t) * a.heads * HD + static_cast<size_t>(h) * HD;
-  float* partial = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h) * a.chunks + c) * (HD + 2) : nullptr;
-  if (chunks > 1 && threadIdx.x == 0) {
-    partial[0] = M;
-    partial[1] = L;
-  }
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float o = 0.0f;
-    for (int w = 0; w < S; w++) o += accs[w * HD + d] * __expf(ms[w] - M);
-    if (chunks > 1) partial[2 + d] = o;
-    else out[d] = __float2bfloat16_rn(o / L);
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    if (part == 0) {
+      ms[stream] = m[g];
+      ls[stream] = l[g];
+    }
+    float4* mine = reinterpret_cast<float4*>(accs + stream * HD + part * 8);
+    mine[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+    mine[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+    __syncthreads();
+    float M = -FLT_MAX;
+    for (int w = 0; w < S; w++) M = fmaxf(M, ms[w]);
+    float L = 0.0f;
+    for (int w = 0; w < S; w++) L += ls[w] * __expf(ms[w] - M);  // a stream with no key has l = 0
+    bf16* out = a.out + static_cast<size_t>(t) * a.heads * HD + static_cast<size_t>(h0 + g) * HD;
+    float* partial = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h0 + g) * a.chunks + c) * (HD + 2) : nullptr;
+    if (chunks > 1 && threadIdx.x == 0) {
+      partial[0] = M;
+      partial[1] = L;
+    }
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+      float o = 0.0f;
+      for (int w = 0; w < S; w++) o += accs[w * HD + d] * __expf(ms[w] - M);
+      if (chunks > 1) partial[2 + d] = o;
+      else out[d] = __float2bfloat16_rn(o / L);
+    }
+    __syncthreads();  // ms, ls and accs are rewritten for the next head
   }
 }
+
+// Keys a stream of attendPacked takes per iteration: steps of a few rows have one block per head and
+// few keys a stream, so they take more at once (fewer round trips to memory in a row, at registers
+// only their few blocks spend). The same bits either way.
+constexpr int kPackedUnroll = 4, kPackedUnrollEarly = 8;
 
 // One block per (row, KV head, chunk of kAttnChunk keys) and the G query heads sharing it (G = 1:
 // one block per query head); attend() does the work. Early: launched with PDL (earlyAttention).
@@ -318,20 +334,23 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
   attend<E, DPL, G, Early ? kAttnUnrollEarly : kAttnUnroll>(a, t, h0, kvh, c, chunks, qr);
 }
 
-// Steps of a few rows (earlyAttention) whose head size attendPacked takes: one block per (row, query
-// head, chunk), launched with PDL.
-template <class E, int LPK>
-__global__ void __launch_bounds__(kAttnWarps * 32) earlyAttentionKernel(AttentionArgs a) {
+// attentionKernel for the head sizes of packedHeadDim: one block per (row, KV head, chunk) and the G
+// query heads sharing it; attendPacked() does the work. Early: launched with PDL (earlyAttention).
+template <class E, int LPK, int G, bool Early>
+__global__ void __launch_bounds__(kAttnWarps * 32) packedAttentionKernel(AttentionArgs a) {
   allowDependents();  // the output projection may start loading its weights
-  const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, part = (threadIdx.x & 31) % LPK;
-  awaitPrerequisites();  // the q/k/v kernel
+  const int t = blockIdx.x, h0 = blockIdx.y * G, c = blockIdx.z, part = (threadIdx.x & 31) % LPK, hd = 8 * LPK;
+  if constexpr (Early) awaitPrerequisites();  // the q/k/v kernel
   const int chunks = attentionChunks(a.positions[t] + 1);
   if (c >= chunks) return;
-  const float* qh = a.qkv + static_cast<size_t>(t) * (a.heads + 2 * a.kvHeads) * a.hd + static_cast<size_t>(h) * a.hd + part * 8;
-  float q[8];
+  float q[G][8];
 #pragma unroll
-  for (int i = 0; i < 8; i++) q[i] = qh[i] * a.scale;
-  attendPacked<E, LPK>(a, t, h, h / (a.heads / a.kvHeads), c, chunks, q);
+  for (int g = 0; g < G; g++) {
+    const float* qh = a.qkv + static_cast<size_t>(t) * (a.heads + 2 * a.kvHeads) * hd + static_cast<size_t>(h0 + g) * hd + part * 8;
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[g][i] = qh[i] * a.scale;
+  }
+  attendPacked<E, LPK, G, Early ? kPackedUnrollEarly : kPackedUnroll>(a, t, h0, h0 / (a.heads / a.kvHeads), c, chunks, q);
 }
 
 // A decode step (each row its sequence's one new token, at most kSkinnyRows rows, hd <= 128) with the
@@ -382,11 +401,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs
   }
   if (!isK && in && writes) static_cast<E*>(e.vCache)[cacheAt + d] = store<E>(row[static_cast<size_t>(vHead) * hd + d] + vBias);
   __syncthreads();  // q in shared memory, the new key and value in the cache
-  float q[8];
+  float q[1][8];
   const int part = (threadIdx.x & 31) % LPK;
 #pragma unroll
-  for (int i = 0; i < 8; i++) q[i] = qs[part * 8 + i] * a.scale;
-  attendPacked<E, LPK>(a, t, h, kvh, c, chunks, q);
+  for (int i = 0; i < 8; i++) q[0][i] = qs[part * 8 + i] * a.scale;
+  attendPacked<E, LPK, 1, kPackedUnrollEarly>(a, t, h, kvh, c, chunks, q);
 }
 
 // One block per (row, query head) of a row split into chunks: the chunks' partials merged in chunk
@@ -431,51 +450,56 @@ auto attentionVariant(int g) {
   return g == 4 ? attentionKernel<E, DPL, 4, Early> : g == 2 ? attentionKernel<E, DPL, 2, Early> : attentionKernel<E, DPL, 1, Early>;
 }
 
-// G query heads per block where G divides the group and the grid still has 4 blocks per SM (few rows
-// keep one block per head: more blocks, shorter chains); G at most 16 / DPL so the registers hold. The
-// bits do not depend on G.
+// G query heads per block (4, 2 or 1, at most `most`, so the registers hold) where G divides the group
+// and the grid still has 4 blocks per SM (few rows keep one block per head: more blocks, shorter
+// chains). The bits do not depend on G.
+int headsPerBlock(const AttentionArgs& a, int most) {
+  const int group = a.heads / a.kvHeads;
+  const auto fits = [&](int g) { return group % g == 0 && g <= most && static_cast<long>(a.T) * a.heads / g >= 4L * smCount(); };
+  return fits(4) ? 4 : fits(2) ? 2 : 1;
+}
+
 template <class E, int DPL>
 void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
-  const int sms = smCount();
-  const int group = a.heads / a.kvHeads, threads = kAttnWarps * 32;
-  const auto fits = [&](int g) { return group % g == 0 && g * DPL <= 16 && static_cast<long>(a.T) * a.heads / g >= 4L * sms; };
-  const int g = fits(4) ? 4 : fits(2) ? 2 : 1;
+  const int g = headsPerBlock(a, 16 / DPL), threads = kAttnWarps * 32;
   const bool early = earlyAttention(a.T);
   const auto kernel = early ? attentionVariant<E, DPL, true>(g) : attentionVariant<E, DPL, false>(g);
   launchPdl("attention", early, kernel, dim3(a.T, a.heads / g, a.chunks), dim3(threads), 0, s, a);
   mergeChunks(a, s);
 }
 
-// A packed kernel's instantiation for the head size (packedHeadDim(hd), at most 8 · K::kMaxLanes): K<E, hd / 8>.
-template <template <class, int> class K, class E, int LPK = 2>
+// The kernel for the packed head size hd (packedHeadDim) and its lanes a key: K<E, hd / 8>.
+template <class E, template <class, int> class K>
 auto forHeadDim(int hd) {
-  if constexpr (LPK < K<E, LPK>::kMaxLanes) {
-    if (hd != 8 * LPK) return forHeadDim<K, E, 2 * LPK>(hd);
-  }
-  return K<E, LPK>::kernel;
+  return hd == 16 ? K<E, 2>::kernel : hd == 64 ? K<E, 8>::kernel : K<E, 16>::kernel;
 }
-template <class E, int LPK> struct EarlyKernel {
-  static constexpr int kMaxLanes = 32;
-  static constexpr auto kernel = earlyAttentionKernel<E, LPK>;
-};
 template <class E, int LPK> struct DecodeKernel {
-  static constexpr int kMaxLanes = kDecodeHeadDim / 8;
   static constexpr auto kernel = decodeAttentionKernel<E, LPK>;
 };
 
 template <class E>
 void decodeAttentionFor(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s) {
-  launchPdl("attention", true, forHeadDim<DecodeKernel, E>(a.hd), dim3(a.T, a.heads, a.chunks), dim3(kAttnWarps * 32), 0, s, e, a);
+  launchPdl("attention", true, forHeadDim<E, DecodeKernel>(a.hd), dim3(a.T, a.heads, a.chunks), dim3(kAttnWarps * 32), 0, s, e, a);
   mergeChunks(a, s);
 }
 
+template <class E, int LPK> struct PackedKernels {
+  static void launch(const AttentionArgs& a, cudaStream_t s) {
+    const bool early = earlyAttention(a.T);
+    const int g = early ? 1 : headsPerBlock(a, 4);
+    const auto kernel = early ? packedAttentionKernel<E, LPK, 1, true>
+                        : g == 4 ? packedAttentionKernel<E, LPK, 4, false>
+                        : g == 2 ? packedAttentionKernel<E, LPK, 2, false> : packedAttentionKernel<E, LPK, 1, false>;
+    launchPdl("attention", early, kernel, dim3(a.T, a.heads / g, a.chunks), dim3(kAttnWarps * 32), 0, s, a);
+    mergeChunks(a, s);
+  }
+  static constexpr auto kernel = launch;
+};
+
 template <class E>
 void attentionFor(const AttentionArgs& a, cudaStream_t s) {
-  if (earlyAttention(a.T) && packedHeadDim(a.hd)) {
-    launchPdl("attention", true, forHeadDim<EarlyKernel, E>(a.hd), dim3(a.T, a.heads, a.chunks), dim3(kAttnWarps * 32), 0, s, a);
-    return mergeChunks(a, s);
-  }
-  if (a.hd <= 32) attentionGrouped<E, 1>(a, s);
+  if (packedHeadDim(a.hd)) forHeadDim<E, PackedKernels>(a.hd)(a, s);
+  else if (a.hd <= 32) attentionGrouped<E, 1>(a, s);
   else if (a.hd <= 64) attentionGrouped<E, 2>(a, s);
   else if (a.hd <= 128) attentionGrouped<E, 4>(a, s);
   else attentionGrouped<E, 8>(a, s);
