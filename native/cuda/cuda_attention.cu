@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) packedAttentionKernel(Attenti
   attendPacked<E, LPK, G, Early ? kPackedUnrollEarly : kPackedUnroll>(a, t, h0, h0 / (a.heads / a.kvHeads), c, chunks, q);
 }
 
-// A decode step (each row its sequence's one new token, at most kSkinnyRows rows, hd <= 128) with the
+// A decode step (each row its sequence's one new token, at most kSkinnyRows rows, hd 16, 64 or 128) with the
 // q/k/v epilogue folded into attention: one block per (row, query head, chunk), launched with PDL.
 // Threads 0 .. HT - 1 (HT: hd rounded up to a warp) compute the q head and the v head, threads HT ..
 // 2·HT - 1 the k head, each as qkvKernel does (the same bits); the blocks of the row's last chunk
@@ -409,7 +409,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs
 }
 
 // One block per (row, query head) of a row split into chunks: the chunks' partials merged in chunk
-// order, as the warps' are inside a block. Rows of one chunk were written by attentionKernel.
+// order, as the warps' are inside a block. Rows of one chunk were written by the attention kernel.
 __global__ void attentionMergeKernel(AttentionArgs a) {
   allowDependents();  // the output projection may start loading its weights
   const int t = blockIdx.x, h = blockIdx.y, hd = a.hd;
@@ -468,13 +468,13 @@ void attentionGrouped(const AttentionArgs& a, cudaStream_t s) {
   mergeChunks(a, s);
 }
 
-// The kernel for the packed head size hd (packedHeadDim) and its lanes a key: K<E, hd / 8>.
+// K<E, hd / 8>::value for a packed head size hd (packedHeadDim): what is instantiated per lanes a key.
 template <class E, template <class, int> class K>
 auto forHeadDim(int hd) {
-  return hd == 16 ? K<E, 2>::kernel : hd == 64 ? K<E, 8>::kernel : K<E, 16>::kernel;
+  return hd == 16 ? K<E, 2>::value : hd == 64 ? K<E, 8>::value : K<E, 16>::value;
 }
 template <class E, int LPK> struct DecodeKernel {
-  static constexpr auto kernel = decodeAttentionKernel<E, LPK>;
+  static constexpr auto value = decodeAttentionKernel<E, LPK>;
 };
 
 template <class E>
@@ -483,22 +483,22 @@ void decodeAttentionFor(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s
   mergeChunks(a, s);
 }
 
-template <class E, int LPK> struct PackedKernels {
+template <class E, int LPK> struct PackedLaunch {
   static void launch(const AttentionArgs& a, cudaStream_t s) {
     const bool early = earlyAttention(a.T);
-    const int g = early ? 1 : headsPerBlock(a, 4);
+    const int g = early ? 1 : headsPerBlock(a, 4);  // few rows: a block a query head (the only G built with the PDL wait; the bits do not depend on G)
     const auto kernel = early ? packedAttentionKernel<E, LPK, 1, true>
                         : g == 4 ? packedAttentionKernel<E, LPK, 4, false>
                         : g == 2 ? packedAttentionKernel<E, LPK, 2, false> : packedAttentionKernel<E, LPK, 1, false>;
     launchPdl("attention", early, kernel, dim3(a.T, a.heads / g, a.chunks), dim3(kAttnWarps * 32), 0, s, a);
     mergeChunks(a, s);
   }
-  static constexpr auto kernel = launch;
+  static constexpr auto value = launch;
 };
 
 template <class E>
 void attentionFor(const AttentionArgs& a, cudaStream_t s) {
-  if (packedHeadDim(a.hd)) forHeadDim<E, PackedKernels>(a.hd)(a, s);
+  if (packedHeadDim(a.hd)) forHeadDim<E, PackedLaunch>(a.hd)(a, s);
   else if (a.hd <= 32) attentionGrouped<E, 1>(a, s);
   else if (a.hd <= 64) attentionGrouped<E, 2>(a, s);
   else if (a.hd <= 128) attentionGrouped<E, 4>(a, s);

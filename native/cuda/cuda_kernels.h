@@ -56,7 +56,7 @@ struct AttentionArgs {
 };
 void pagedAttention(const AttentionArgs& a, cudaStream_t s);
 // qkvNormRopeCache and then pagedAttention in one kernel, the same bits, for a decode step: every row
-// its sequence's only new token (the caller's guarantee), at most kSkinnyRows rows, hd <= 128. False
+// its sequence's only new token (the caller's guarantee), at most kSkinnyRows rows, hd 16, 64 or 128. False
 // (nothing launched) for other shapes.
 bool decodeAttention(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s);
 constexpr int kAttnChunk = 512;
