@@ -88,6 +88,31 @@ constexpr int kAttnWarps = 8;
 // are the same either way, so the same bits.
 constexpr int kAttnUnroll = 4, kAttnUnrollEarly = 16;
 
+// Query head h of row t from the block's n partial results over chunk c of its keys, merged in order
+// (part w: its maximum ms[w], its sum ls[w] and its unnormalised output at accs[w · stride + d]), into
+// the row's output, or into the chunk's partial when the row is split. Every thread of the block, after
+// the barrier that published the parts.
+__device__ __forceinline__ void mergeParts(const AttentionArgs& a, int t, int h, int c, int chunks, int n, const float* ms, const float* ls,
+                                           const float* accs, int stride) {
+  const int hd = a.hd;
+  float M = -FLT_MAX;
+  for (int w = 0; w < n; w++) M = fmaxf(M, ms[w]);
+  float L = 0.0f;
+  for (int w = 0; w < n; w++) L += ls[w] * __expf(ms[w] - M);  // a part with no key has l = 0
+  bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h) * hd;
+  float* part = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h) * a.chunks + c) * (hd + 2) : nullptr;
+  if (chunks > 1 && threadIdx.x == 0) {
+    part[0] = M;
+    part[1] = L;
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < n; w++) o += accs[w * stride + d] * __expf(ms[w] - M);
+    if (chunks > 1) part[2 + d] = o;
+    else out[d] = __float2bfloat16_rn(o / L);
+  }
+}
+
 // Row t's query heads h0 .. h0 + G - 1 (qr: each lane's dimensions lane, lane + 32, ..., scaled) over
 // this block's chunk c of the row's keys, read through its block table from KV head kvh. kAttnWarps
 // warps split the chunk's keys; each lane holds DPL head dimensions; each key and value is loaded
@@ -159,22 +184,7 @@ __device__ __forceinline__ void attend(const AttentionArgs& a, int t, int h0, in
 #pragma unroll
     for (int j = 0; j < DPL; j++) accs[warp][lane + 32 * j] = acc[g][j];
     __syncthreads();
-    float M = -FLT_MAX;
-    for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, ms[w]);
-    float L = 0.0f;
-    for (int w = 0; w < kAttnWarps; w++) L += ls[w] * __expf(ms[w] - M);  // a warp with no key has l = 0
-    bf16* out = a.out + static_cast<size_t>(t) * a.heads * hd + static_cast<size_t>(h0 + g) * hd;
-    float* part = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h0 + g) * a.chunks + c) * (hd + 2) : nullptr;
-    if (chunks > 1 && threadIdx.x == 0) {
-      part[0] = M;
-      part[1] = L;
-    }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-      float o = 0.0f;
-      for (int w = 0; w < kAttnWarps; w++) o += accs[w][d] * __expf(ms[w] - M);
-      if (chunks > 1) part[2 + d] = o;
-      else out[d] = __float2bfloat16_rn(o / L);
-    }
+    mergeParts(a, t, h0 + g, c, chunks, kAttnWarps, ms, ls, &accs[0][0], DPL * 32);
     __syncthreads();  // ms, ls and accs are rewritten for the next head
   }
 }
@@ -285,22 +295,7 @@ __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int 
     mine[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
     mine[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
     __syncthreads();
-    float M = -FLT_MAX;
-    for (int w = 0; w < S; w++) M = fmaxf(M, ms[w]);
-    float L = 0.0f;
-    for (int w = 0; w < S; w++) L += ls[w] * __expf(ms[w] - M);  // a stream with no key has l = 0
-    bf16* out = a.out + static_cast<size_t>(t) * a.heads * HD + static_cast<size_t>(h0 + g) * HD;
-    float* partial = chunks > 1 ? a.partial + ((static_cast<size_t>(t) * a.heads + h0 + g) * a.chunks + c) * (HD + 2) : nullptr;
-    if (chunks > 1 && threadIdx.x == 0) {
-      partial[0] = M;
-      partial[1] = L;
-    }
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-      float o = 0.0f;
-      for (int w = 0; w < S; w++) o += accs[w * HD + d] * __expf(ms[w] - M);
-      if (chunks > 1) partial[2 + d] = o;
-      else out[d] = __float2bfloat16_rn(o / L);
-    }
+    mergeParts(a, t, h0 + g, c, chunks, S, ms, ls, accs, HD);
     __syncthreads();  // ms, ls and accs are rewritten for the next head
   }
 }
