@@ -1,10 +1,11 @@
 #!/bin/sh
 # On the GPU host, from the folder scripts/gpu-bundle.mjs wrote: two builds of the bundle's tree, one
-# with its native/cuda folder replaced by folder A and one by folder B (say a commit's and a
-# variant's, each a whole native/cuda as the bundle's binding.gyp lists it), built side by side, then
-# scripts/step-split.mjs on each in turn, A and B alternating, ROUNDS times (default 2), with the
-# arguments given. One line a run: the backend's µs a step and the greedy tokens' hash (the same
-# hash: the same bits). The model (a random qwen3-0.6b unless WEFT_MODEL names one) is made once.
+# with its native folder replaced by folder A and one by folder B (say a commit's and a variant's, each
+# a whole native/ as `git archive COMMIT native` has it, the addon's C++ and its cuda/ kernels alike),
+# built side by side, then scripts/step-split.mjs on each in turn, A and B alternating, ROUNDS times
+# (default 2), with the arguments given. One line a run: the backend's µs a step and the greedy tokens'
+# hash (the same hash: the same bits). The model (a random qwen3-0.6b unless WEFT_MODEL names one) is
+# made once; the builds stay in /tmp/weft-compare-A and -B for further runs.
 #   sh gpu-compare.sh A B --batch 1 --context 128 --steps 300
 set -eu
 [ "$#" -ge 2 ] || { echo "usage: sh gpu-compare.sh A_DIR B_DIR [step-split.mjs arguments]" >&2; exit 2; }
@@ -13,13 +14,14 @@ a=$(cd "$1" && pwd)
 b=$(cd "$2" && pwd)
 shift 2
 model=${WEFT_MODEL:-/tmp/weft-qwen3-0.6b}
-build() {  # build NAME FILES: the bundle's tree in /tmp/weft-compare-NAME with FILES/* as native/cuda
+[ -d "$a/cuda" ] && [ -d "$b/cuda" ] || { echo "gpu-compare: A and B must each be a whole native/ folder (with cuda/)" >&2; exit 2; }
+build() {  # build NAME DIR: the bundle's tree in /tmp/weft-compare-NAME with DIR as its native/
   home=/tmp/weft-compare-$1
   rm -rf "$home"
   mkdir -p "$home"
   xz -dc "$here/weft.tar.xz" | tar -xf - -C "$home"
-  rm -f "$home/weft/native/cuda/"*
-  cp "$2"/* "$home/weft/native/cuda/"
+  rm -rf "$home/weft/native"
+  cp -R "$2" "$home/weft/native"
   WEFT_HOME=$home sh "$here/gpu-host.sh" true >/dev/null 2>&1 || { echo "build $1 failed:" >&2; tail -20 "$home/build.log" >&2; exit 1; }
 }
 build A "$a" &
