@@ -149,17 +149,19 @@ test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, 
 
 // A decode step (each row its sequence's one new token) folds the q/k/v epilogue into attention; a step
 // that also holds a prefill chunk runs them as two kernels. The same rows must give the same bits.
-test("cuda: a decode step's rows (q/k/v epilogue folded into attention) give the bits of the same rows beside a prefill chunk", { skip }, async () => {
+test("cuda: a decode step's rows (q/k/v epilogue folded into attention) give the bits of the same rows beside a prefill chunk, for each KV element", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
-  const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: "bfloat16" }, "bfloat16", "cuda");
   const a = Array.from({ length: 20 }, (_, i) => 100 + i * 37), b = Array.from({ length: 24 }, (_, i) => 900 + i * 53);
   const c = Array.from({ length: 5 }, (_, i) => 400 + i * 11);
-  await runner.execute([prefill(a, 1), prefill(b, 20)]);
-  const folded = (await runner.execute([decode(a, 1), decode(b, 20)])).logits!;
-  const split = (await runner.execute([decode(a, 1), decode(b, 20), prefill(c, 40)])).logits!;
-  await runner.dispose();
-  assert.equal(maxAbsDiff(folded[0]!, split[0]!), 0, "the first decode row must not depend on the fold");
-  assert.equal(maxAbsDiff(folded[1]!, split[1]!), 0, "the second decode row must not depend on the fold");
+  for (const kv of ["bfloat16", "float16", "float32"] as const) {
+    const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: kv }, "bfloat16", "cuda");
+    await runner.execute([prefill(a, 1), prefill(b, 20)]);
+    const folded = (await runner.execute([decode(a, 1), decode(b, 20)])).logits!;
+    const split = (await runner.execute([decode(a, 1), decode(b, 20), prefill(c, 40)])).logits!;
+    await runner.dispose();
+    assert.equal(maxAbsDiff(folded[0]!, split[0]!), 0, `KV ${kv}: the first decode row must not depend on the fold`);
+    assert.equal(maxAbsDiff(folded[1]!, split[1]!), 0, `KV ${kv}: the second decode row must not depend on the fold`);
+  }
 });
 
 // A row past kAttnChunk (512) keys is split over blocks and merged (flash decoding): a decode row at
