@@ -385,11 +385,7 @@ class ModelWrap : public Napi::ObjectWrap<ModelWrap> {
     StepInput in;
     try {
       in = parseStep(info[0].As<Napi::Object>());
-    } catch (const std::exception& e) {
-      return rejected(env, e.what());
-    }
-    if (state_->stepping) return rejected(env, "a step is already running on this model");
-    try {
+      if (state_->stepping) return rejected(env, "a step is already running on this model");
       state_->model->launch(in);
     } catch (const std::exception& e) {
       return rejected(env, e.what());

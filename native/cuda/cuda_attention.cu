@@ -88,6 +88,19 @@ constexpr int kAttnWarps = 8;
 // are the same either way, so the same bits.
 constexpr int kAttnUnroll = 4, kAttnUnrollEarly = 16;
 
+// One key into a query head's online softmax in fp32: the running maximum m, sum l and unnormalised
+// output acc (N dimensions), with the key's score and its value's N dimensions v[0 .. N). Both
+// attention layouts take their keys through it, in their own order.
+template <int N, class Values>
+__device__ __forceinline__ void absorbKey(float& m, float& l, float (&acc)[N], float score, const Values& v) {
+  const float mNew = fmaxf(m, score);
+  const float corr = __expf(m - mNew), p = __expf(score - mNew);
+  l = l * corr + p;
+#pragma unroll
+  for (int j = 0; j < N; j++) acc[j] = acc[j] * corr + p * v[j];
+  m = mNew;
+}
+
 // Query head h of row t from the block's n partial results over chunk c of its keys, merged in order
 // (part w: its maximum ms[w], its sum ls[w] and its unnormalised output at accs[w · stride + d]), into
 // the row's output, or into the chunk's partial when the row is split. Every thread of the block, after
@@ -164,12 +177,7 @@ __device__ __forceinline__ void attend(const AttentionArgs& a, int t, int h0, in
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (base + u * kAttnWarps > k1) break;
-        const float mNew = fmaxf(m[g], score[u]);
-        const float corr = __expf(m[g] - mNew), p = __expf(score[u] - mNew);
-        l[g] = l[g] * corr + p;
-#pragma unroll
-        for (int j = 0; j < DPL; j++) acc[g][j] = acc[g][j] * corr + p * vr[u][j];
-        m[g] = mNew;
+        absorbKey(m[g], l[g], acc[g], score[u], vr[u]);
       }
     }
   }
@@ -274,12 +282,7 @@ __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int 
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (base + sub + u * S > k1) break;
-        const float mNew = fmaxf(m[g], score[u]);
-        const float corr = __expf(m[g] - mNew), p = __expf(score[u] - mNew);
-        l[g] = l[g] * corr + p;
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[g][i] = acc[g][i] * corr + p * vr[u][i];
-        m[g] = mNew;
+        absorbKey(m[g], l[g], acc[g], score[u], vr[u]);
       }
     }
   }

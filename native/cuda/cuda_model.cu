@@ -209,19 +209,13 @@ class CudaModel : public Backend {
 
   bool launch(const StepInput& in) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    check(cudaSetDevice(0), "set device");
-    started_ = std::chrono::steady_clock::now();
     launched_ = begin(in, true);
     return launched_;
   }
 
   StepOutput step(const StepInput& in) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!launched_) {
-      check(cudaSetDevice(0), "set device");  // step() runs on whichever worker thread libuv picks
-      started_ = std::chrono::steady_clock::now();
-      begin(in, false);
-    }
+    if (!launched_) begin(in, false);
     launched_ = false;
     StepOutput out = beginSampling(in);
     const double sampling = sample(in, static_cast<int>(in.sampleRows.size()), out);
@@ -323,6 +317,8 @@ class CudaModel : public Backend {
   // Checks the step, grows the buffers, uploads its inputs and launches its forward pass; with
   // replayOnly, only when that is a captured graph's replay (false, nothing uploaded, otherwise).
   bool begin(const StepInput& in, bool replayOnly) {
+    check(cudaSetDevice(0), "set device");  // the JS thread, or whichever worker thread libuv picks
+    started_ = std::chrono::steady_clock::now();
     validateStep(cfg_, in);
     if (!in.scoreRows.empty()) throw std::invalid_argument("prompt log-probs are not computed on the CUDA backend");
     const int T = static_cast<int>(in.tokens.size()), B = static_cast<int>(in.seqStarts.size()) - 1;
