@@ -131,6 +131,9 @@ for (const model of MODELS) {
   });
 }
 
+// Two cached prompts of the `small` preset whose decode rows the one-row and folded-attention tests compare.
+const promptA = Array.from({ length: 20 }, (_, i) => 100 + i * 37), promptB = Array.from({ length: 24 }, (_, i) => 900 + i * 53);
+
 // The fixtures' hidden sizes (48, 64) are below the one-row GEMV's K = 256·L, so a random `small`
 // (hidden 256, intermediate 768) checks it: a lone row takes the GEMVs that fold in the RMSNorm and
 // SiLU·mul, wait for the kernel before them (PDL) and, for the LM head, take two columns a warp;
@@ -139,10 +142,9 @@ for (const model of MODELS) {
 test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, PDL) gives the bits of that row in a two-row step", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
   const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: "bfloat16" }, "bfloat16", "cuda");
-  const a = Array.from({ length: 20 }, (_, i) => 100 + i * 37), b = Array.from({ length: 24 }, (_, i) => 900 + i * 53);
-  await runner.execute([prefill(a, 1), prefill(b, 20)]);
-  const alone = (await runner.execute([decode(a, 1)])).logits![0]!;
-  const paired = (await runner.execute([decode(a, 1), decode(b, 20)])).logits![0]!;
+  await runner.execute([prefill(promptA, 1), prefill(promptB, 20)]);
+  const alone = (await runner.execute([decode(promptA, 1)])).logits![0]!;
+  const paired = (await runner.execute([decode(promptA, 1), decode(promptB, 20)])).logits![0]!;
   await runner.dispose();
   assert.equal(maxAbsDiff(alone, paired), 0, "the one-row path must give the same logits as the two-row path");
 });
@@ -151,13 +153,12 @@ test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, 
 // that also holds a prefill chunk runs them as two kernels. The same rows must give the same bits.
 test("cuda: a decode step's rows (q/k/v epilogue folded into attention) give the bits of the same rows beside a prefill chunk, for each KV element", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
-  const a = Array.from({ length: 20 }, (_, i) => 100 + i * 37), b = Array.from({ length: 24 }, (_, i) => 900 + i * 53);
   const c = Array.from({ length: 5 }, (_, i) => 400 + i * 11);
   for (const kv of ["bfloat16", "float16", "float32"] as const) {
     const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: kv }, "bfloat16", "cuda");
-    await runner.execute([prefill(a, 1), prefill(b, 20)]);
-    const folded = (await runner.execute([decode(a, 1), decode(b, 20)])).logits!;
-    const split = (await runner.execute([decode(a, 1), decode(b, 20), prefill(c, 40)])).logits!;
+    await runner.execute([prefill(promptA, 1), prefill(promptB, 20)]);
+    const folded = (await runner.execute([decode(promptA, 1), decode(promptB, 20)])).logits!;
+    const split = (await runner.execute([decode(promptA, 1), decode(promptB, 20), prefill(c, 40)])).logits!;
     await runner.dispose();
     assert.equal(maxAbsDiff(folded[0]!, split[0]!), 0, `KV ${kv}: the first decode row must not depend on the fold`);
     assert.equal(maxAbsDiff(folded[1]!, split[1]!), 0, `KV ${kv}: the second decode row must not depend on the fold`);
