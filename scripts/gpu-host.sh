@@ -9,7 +9,7 @@ home=${WEFT_HOME:-/tmp/weft}
 mkdir -p "$home/node"
 if [ ! -x "$home/node/bin/node" ]; then xz -dc "$here/node.tar.xz" | tar -xf - -C "$home/node"; fi
 if [ ! -d "$home/weft" ]; then xz -dc "$here/weft.tar.xz" | tar -xf - -C "$home"; fi
-# llama.cpp's CUDA build (gpu-bundle.mjs --llama-cpp): node-llama-cpp, and libggml-cuda.so put back
+# llama.cpp (gpu-bundle.mjs --llama-cpp or --llama-cpp-cpu): node-llama-cpp; for the CUDA build, libggml-cuda.so put back
 # together from its parts, found here or in $WEFT_PARTS (where earlier calls left them).
 lib="$home/weft/node_modules/@node-llama-cpp/linux-x64-cuda/bins/linux-x64-cuda/libggml-cuda.so"
 if [ -f "$here/llama-cpp.tar.xz" ] && [ ! -d "$home/weft/node_modules/node-llama-cpp" ]; then xz -dc "$here/llama-cpp.tar.xz" | tar -xf - -C "$home"; fi

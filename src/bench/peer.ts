@@ -136,12 +136,15 @@ function benchFiles(o: PeerOptions, say: Say, dtypes: readonly GgufDType[]): { m
   return { modelDir, ggufs };
 }
 
-/** Weft's engine on `model` (a checkpoint directory or GGUF file), sized for the bench's sequences and prefill. */
+/**
+ * Weft's engine on `model` (a checkpoint directory or GGUF file), sized for the bench's sequences and
+ * prefill, on the CPU as llama.cpp is here (`auto` would pick a GPU on a CUDA build).
+ */
 async function loadWeft(model: string, o: PeerOptions, steps: StepTotals, say: Say): Promise<LoadedModel> {
   const config = model.endsWith(".gguf") ? ggufModelConfig(readGguf(model)) : checkpointConfig(model);
   const maxN = Math.max(...o.concurrency);
   return createModel("weft", model, {
-    ...DEFAULT_ENGINE_CONFIG, maxNumSeqs: maxN, maxNumBatchedTokens: Math.max(o.prefillLen, DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens),
+    ...DEFAULT_ENGINE_CONFIG, device: "cpu", maxNumSeqs: maxN, maxNumBatchedTokens: Math.max(o.prefillLen, DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens),
     kvCacheMemory: kvBytesPerBlock(config, 32) * (Math.ceil((o.promptLen + o.outputLen) / 32) * maxN + Math.ceil(o.prefillLen / 32) + 2),
     enablePrefixCaching: false,
   }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
