@@ -104,16 +104,45 @@ void vecRowsFor(DType d, const Panel& p, const QuantActBlock* x, int T, int nb, 
   }
 }
 
+// A Q6_K panel's units as Q6_KW's (the amx set's form: d and scales as they are, the 6-bit values
+// widened to signed bytes), for steps of more than kVecRows rows: each pass over the panel then
+// loads its bytes instead of unpacking ql and qh again. The integer sums are the same (a stored value
+// u read as u − 32 + 128 with the offset 128, instead of u with the offset 32), so are the bits.
+void widenQ6Panel(const Panel& p, int units, uint8_t* out) {
+  Ahead ahead(p, units);
+  for (int u = 0; u < units; u++) {
+    ahead.next();
+    const uint8_t* src = p.at + static_cast<size_t>(u) * kUnitBytes<DType::Q6_K>;
+    uint8_t* dst = out + static_cast<size_t>(u) * kUnitBytes<DType::Q6_KW>;
+    std::memcpy(dst + q6kwpanel::kD, src + q6kpanel::kD, q6kpanel::kQl - q6kpanel::kD);  // d and the scales
+    eachBlock<8>([&](auto j) {
+      constexpr int J = decltype(j)::value;
+      for (int r = 0; r < 8; r++)
+        _mm512_storeu_si512(dst + q6kwpanel::kQ + kVnniRow * (8 * J + r),
+                            _mm512_sub_epi8(vnniRow<DType::Q6_K, J>(src, r), _mm512_set1_epi8(static_cast<char>(kQ6KBias))));
+    });
+  }
+}
+
 }  // namespace
 
 void matmulQuantPanels(const QuantActBlock* x, int T, const PackedMatrix& w, float* y, int n0, int n1) {
   const int nb = w.K / kQBlock;
+  const bool widen = w.panelType == DType::Q6_K && T > kVecRows;
+  thread_local std::vector<uint8_t> wide;
+  if (widen) wide.resize(panelBytes(DType::Q6_KW, kCols, w.K));
   for (int n = n0; n < n1; n += kCols) {
     Panel p = panelOf(w, n, n1);
+    DType type = w.panelType;
+    if (widen) {
+      widenQ6Panel(p, w.K / 256, wide.data());
+      p = Panel{wide.data()};
+      type = DType::Q6_KW;
+    }
     const int cols = std::min(kCols, n1 - n);
     for (int t = 0; t < T; t += kVecRows) {
       const size_t at = static_cast<size_t>(t) * nb;
-      vecRowsFor(w.panelType, p, x + at, std::min(kVecRows, T - t), nb, y + static_cast<size_t>(t) * w.N + n, w.N, cols);
+      vecRowsFor(type, p, x + at, std::min(kVecRows, T - t), nb, y + static_cast<size_t>(t) * w.N + n, w.N, cols);
       p.ahead = nullptr;  // the first pass asked for the panel ahead
       p.aheadBytes = 0;
     }
