@@ -1,10 +1,10 @@
 // The VNNI lane kernel on the panels (quant_panels.h) of every block-quantized type (Q8_0,
 // Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, and the amx set's Q6_KW): the quantized matmul of the AVX-512
 // sets on CPUs with AVX512-VNNI, and the amx set's for steps of few rows. Per panel of 16 output columns, up to
-// four activation rows at a time: each VNNI row (one 4-input word of the 16 columns, decoded to
+// eight activation rows at a time: each VNNI row (one 4-input word of the 16 columns, decoded to
 // bytes by quant_panel_units.h) meets the row's 4 inputs broadcast in one vpdpbusd, so each lane
 // is one column's running sum and nothing is summed across lanes. A panel is read from memory
-// for its first four rows and from cache for the rest.
+// for its first eight rows and from cache for the rest.
 //
 // The reduction order (the AMX tiles', kernels_quant_amx.cpp, which gives the same bits): per
 // output, for each group g in order (32 inputs sharing a weight scale; Q6_K: 16),
@@ -29,9 +29,12 @@
 namespace weft {
 namespace {
 
-// Rows per pass over a panel: each keeps two accumulators a row in registers. Passes of 6 or 8
-// rows streamed within 10 % of this at 8, 16 and 32 rows (matmul-timing, Q4_K, Q8_0, Q6_K).
-constexpr int kVecRows = 4;
+// Rows per pass over a panel: each keeps two accumulators a row in registers (16 of AVX-512's 32
+// at 8 rows), and each pass decodes the panel's scales and values again. On Zen 4, 8 against 4:
+// matmul-timing 32 × 1024 × 3072 (in cache) Q4_K 30.0–31.8 → 29.4–29.9, Q6_K 34.7–35.2 → 33.1–33.6,
+// Q8_0 26.0–27.9 → 25.9–27.0 ns a unit; a Q4_K_M step of 16 rows 59.0–59.8 → 56.5–57.5 ms.
+// (On the Intel hosts of earlier sessions 6 or 8 rows were within 10 % of 4.)
+constexpr int kVecRows = 8;
 
 // Block J (block b of the matrix) of unit u for R rows: per group the exact sums, one lane per
 // column (the chain started at minus the offset times Σx), then the fp32 operations of the header.
@@ -88,6 +91,10 @@ void vecRowsOf(const Panel& p, const QuantActBlock* x, int T, int nb, float* y, 
     case 2: vecRows<D, 2>(p, x, nb, y, N, cols); break;
     case 3: vecRows<D, 3>(p, x, nb, y, N, cols); break;
     case 4: vecRows<D, 4>(p, x, nb, y, N, cols); break;
+    case 5: vecRows<D, 5>(p, x, nb, y, N, cols); break;
+    case 6: vecRows<D, 6>(p, x, nb, y, N, cols); break;
+    case 7: vecRows<D, 7>(p, x, nb, y, N, cols); break;
+    case 8: vecRows<D, 8>(p, x, nb, y, N, cols); break;
     default: break;
   }
 }

@@ -149,7 +149,7 @@ for (const [k, type] of QUANT_TYPES.entries()) {
     const alone = await probeLogits(file, tokens, false);
     const batched = await probeLogits(file, tokens, true);
     for (const t of tokens) assert.ok(alone[t]!.every((v, i) => Object.is(v, batched[t]![i])), `${type}: token ${t} differs alone and in a batch of ${ROWS}`);
-    // Steps of 3 and 10 rows: the lane kernel's passes of four rows (the amx set's below tileRowsFrom).
+    // Steps of 3 and 10 rows: the lane kernel's passes of eight rows, 10 with Q6_K panels widened per call (the amx set's below tileRowsFrom).
     for (const n of [3, 10]) {
       const few = await probeLogits(file, tokens.slice(0, n), true);
       few.forEach((l, t) => assert.ok(l.every((v, i) => Object.is(v, alone[t]![i])), `${type}: token ${t} differs alone and in a batch of ${n}`));
