@@ -276,7 +276,7 @@ bench
   .action(async (o: ProfileOptions) => (await import("./bench/profile.js")).printProfile(o));
 bench
   .command("peer")
-  .description("Weft vs llama.cpp (node-llama-cpp, a devDependency) on the same random checkpoint, or with --quant the same quantized GGUF, in one run")
+  .description("Weft vs llama.cpp (node-llama-cpp, a devDependency), both on the CPU, on the same random checkpoint, or with --quant the same quantized GGUF, in one run")
   .option("--preset <name>", "model shape", "qwen3-0.6b")
   .option("--dir <dir>", "where the checkpoint and GGUF files are kept", path.join(".weft", "bench"))
   .option("--concurrency <list>", "sequences decoded together", intList("--concurrency"), [1, 4, 16, 32])
