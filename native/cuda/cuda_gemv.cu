@@ -1,5 +1,6 @@
-// The GEMMs of steps of up to kSkinnyRows rows: the skinny kernel, and the one-row GEMV that loads its
-// weights before it waits for its input (PDL); declared in cuda_kernels.h.
+// The GEMMs of steps of few rows: the skinny kernel (up to kSkinnyRows rows; the model takes it up to
+// kSkinnyGemmRows), and the one-row GEMV that loads its weights before it waits for its input (PDL);
+// declared in cuda_kernels.h.
 #include "cuda_device.cuh"
 #include <stdexcept>
 #include <utility>

@@ -68,6 +68,11 @@ __host__ __device__ inline int attentionChunks(int keys) { return (keys + kAttnC
 // K a multiple of 8): one warp per output column streams its weight row once with 16-byte loads, so a
 // decode step of a few sequences reads the weights at close to the memory's bandwidth.
 constexpr int kSkinnyRows = 8;
+// The rows up to which the model's GEMMs take the skinny kernel. From three rows on cuBLAS's GEMM is the
+// faster (H200, qwen3-0.6b decode steps at 128 keys, backend µs a step, skinny → cuBLAS: 3 rows 1,519 →
+// 1,441, 4 rows 1,589 → 1,429, 6 rows 2,131 → 1,399, 8 rows 2,459 → 1,338; 2 rows 1,239 → 1,475): at
+// 6 and 8 rows the skinny kernel is compute-bound.
+constexpr int kSkinnyGemmRows = 2;
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
 
 // One row: y (N, fp32) = bf16(RMSNorm(x) · norm) · wᵀ + beta · y in one kernel, the same bits as
