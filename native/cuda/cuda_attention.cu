@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) packedAttentionKernel(Attenti
   attendPacked<E, LPK, G, Early ? kPackedUnrollEarly : kPackedUnroll>(a, t, h0, h0 / (a.heads / a.kvHeads), c, chunks, q);
 }
 
-// A decode step (each row its sequence's one new token, at most kSkinnyRows rows, hd 16, 64 or 128) with the
+// A decode step (each row its sequence's one new token, at most kFewRows rows, hd 16, 64 or 128) with the
 // q/k/v epilogue folded into attention: one block per (row, query head, chunk), launched with PDL.
 // Threads 0 .. HT - 1 (HT: hd rounded up to a warp) compute the q head and the v head, threads HT ..
 // 2·HT - 1 the k head, each as qkvKernel does (the same bits); the blocks of the row's last chunk
@@ -429,7 +429,7 @@ __global__ void attentionMergeKernel(AttentionArgs a) {
 // The q/k/v kernel and attention are scheduled early (PDL) for steps of a few rows, where each kernel's
 // latency is the step's time; at 512 rows that measured 3-4 % slower (docs/GPU.md), so larger steps run
 // kernels compiled without the PDL wait. Either way the same bits.
-bool earlyAttention(int T) { return T <= kSkinnyRows; }
+bool earlyAttention(int T) { return T <= kFewRows; }
 
 template <class E>
 void qkvFor(const QkvArgs& a, cudaStream_t s) {

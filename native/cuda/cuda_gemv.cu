@@ -1,6 +1,5 @@
-// The GEMMs of steps of few rows: the skinny kernel (up to kSkinnyRows rows; the model takes it up to
-// kSkinnyGemmRows), and the one-row GEMV that loads its weights before it waits for its input (PDL);
-// declared in cuda_kernels.h.
+// The GEMMs of steps of one or two rows: the skinny kernel, and the one-row GEMV that loads its weights
+// before it waits for its input (PDL); declared in cuda_kernels.h.
 #include "cuda_device.cuh"
 #include <stdexcept>
 #include <utility>
@@ -173,13 +172,11 @@ bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaS
 }  // namespace
 
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
-  if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1..8 and K a multiple of 8");
+  if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1 or 2 and K a multiple of 8");
   if (T == 1 && gemv<GemvIn::Bf16>({x, nullptr, 0.0f}, w, N, K, y, beta, s)) return;
   const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
   if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
-  else if (T <= 2) skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
-  else if (T <= 4) skinnyKernel<4><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
-  else skinnyKernel<8><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
+  else skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   launched("skinnyGemm");
 }
 

@@ -56,7 +56,7 @@ struct AttentionArgs {
 };
 void pagedAttention(const AttentionArgs& a, cudaStream_t s);
 // qkvNormRopeCache and then pagedAttention in one kernel, the same bits, for a decode step: every row
-// its sequence's only new token (the caller's guarantee), at most kSkinnyRows rows, hd 16, 64 or 128. False
+// its sequence's only new token (the caller's guarantee), at most kFewRows rows, hd 16, 64 or 128. False
 // (nothing launched) for other shapes.
 bool decodeAttention(const QkvArgs& e, const AttentionArgs& a, cudaStream_t s);
 constexpr int kAttnChunk = 512;
@@ -64,15 +64,16 @@ constexpr int kAttnChunk = 512;
 // decides, never its batch.
 __host__ __device__ inline int attentionChunks(int keys) { return (keys + kAttnChunk - 1) / kAttnChunk; }
 
-// y (T × N, fp32) = x (T × K, bf16) · wᵀ (N × K, bf16) + beta · y, for few rows (T <= kSkinnyRows,
+// y (T × N, fp32) = x (T × K, bf16) · wᵀ (N × K, bf16) + beta · y, for one or two rows (T <= kSkinnyRows,
 // K a multiple of 8): one warp per output column streams its weight row once with 16-byte loads, so a
-// decode step of a few sequences reads the weights at close to the memory's bandwidth.
-constexpr int kSkinnyRows = 8;
-// The rows up to which the model's GEMMs take the skinny kernel. From three rows on cuBLAS's GEMM is the
-// faster (H200, qwen3-0.6b decode steps at 128 keys, backend µs a step, skinny → cuBLAS: 3 rows 1,519 →
-// 1,441, 4 rows 1,589 → 1,429, 6 rows 2,131 → 1,399, 8 rows 2,459 → 1,338; 2 rows 1,239 → 1,475): at
-// 6 and 8 rows the skinny kernel is compute-bound.
-constexpr int kSkinnyGemmRows = 2;
+// decode step of one or two sequences reads the weights at close to the memory's bandwidth. From three
+// rows on cuBLAS's GEMM is the faster (H200, qwen3-0.6b decode steps at 128 keys, backend µs a step,
+// this kernel → cuBLAS: 3 rows 1,519 → 1,441, 4 rows 1,589 → 1,429, 6 rows 2,131 → 1,399, 8 rows 2,459 →
+// 1,338; 2 rows 1,239 → 1,475): at 6 and 8 rows this kernel was compute-bound.
+constexpr int kSkinnyRows = 2;
+// Steps of up to kFewRows rows launch the q/k/v kernel and attention early (PDL), and as decode steps
+// fold the q/k/v epilogue into attention (decodeAttention).
+constexpr int kFewRows = 8;
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
 
 // One row: y (N, fp32) = bf16(RMSNorm(x) · norm) · wᵀ + beta · y in one kernel, the same bits as
