@@ -142,7 +142,7 @@ void matmulQuantPanels(const QuantActBlock* x, int T, const PackedMatrix& w, flo
     Panel p = panelOf(w, n, n1);
     DType type = w.panelType;
     if (widen) {
-      widenQ6Panel(p, w.K / 256, wide.data());
+      widenQ6Panel(p, w.K / panelUnitInputs(DType::Q6_K), wide.data());
       p = Panel{wide.data()};
       type = DType::Q6_KW;
     }
