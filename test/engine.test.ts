@@ -181,6 +181,29 @@ test("stop token ids and EOS end generation; ignore_eos keeps going", async () =
   assert.equal(ignored.tokenIds.length, 6);
 });
 
+test("a step's tokens reach the stream while the next step computes; the last one once the loop ends", async () => {
+  // A device-like runner: the step computes for a few ms after execute() returns, the event loop free.
+  const fake = new FakeRunner();
+  let launched = 0, inFlight = 0;
+  const runner: Runner = {
+    execute: (seqs) => {
+      launched++;
+      inFlight++;
+      const result = fake.execute(seqs);
+      return new Promise((resolve) => setTimeout(() => (inFlight--, resolve(result)), 3));
+    },
+  };
+  // The latency observer is called as each token is emitted (a stream's reader runs later).
+  const seen: { launched: number; inFlight: number }[] = [];
+  const record = (): void => void seen.push({ launched, inFlight });
+  const engine = new Engine(runner, CONFIG, LIMITS, null, undefined, { timeToFirstToken: record, interTokenLatency: record });
+  const out = await engine.add({ promptTokenIds: [5, 6, 7], params: greedy(5) }).collect();
+  assert.equal(out.tokenIds.length, 5);
+  // Token i comes from step i + 1 and is emitted once step i + 2 is launched; the fifth ends the request, so no sixth step.
+  assert.deepEqual(seen, [...[2, 3, 4, 5].map((n) => ({ launched: n, inFlight: 1 })), { launched: 5, inFlight: 0 }]);
+  assertEngineIdle(engine);
+});
+
 test("randomized: invariants hold after every step under arrivals, aborts, priorities and tenants", async () => {
   for (const seed of [1, 2, 3]) {
     let s = seed;

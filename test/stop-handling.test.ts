@@ -11,7 +11,7 @@ import { DEFAULT_ENGINE_CONFIG } from "../src/engine/engine-config.js";
 import { defaultSamplingParams } from "../src/engine/sampling-params.js";
 import { TextTokenizer } from "../src/model/tokenizer.js";
 import type { RunnerSequence, StepResult } from "../src/runtime/model-runner.js";
-import { completeFixtureModel } from "./helpers.js";
+import { assertEngineIdle, completeFixtureModel } from "./helpers.js";
 
 const tok = TextTokenizer.fromDir(completeFixtureModel("tiny-qwen3"));
 const id = (text: string): number => {
@@ -23,8 +23,11 @@ const [A, B, EOS, STOP, C] = [id("Hello"), id(" there"), id(" EOS"), id(" STOP")
 
 /** Emits A B, then the token under test, then C forever. */
 class ScriptedRunner implements Runner {
+  /** Rows sampled, over all steps. */
+  sampled = 0;
   constructor(private readonly third: number) {}
   execute(seqs: readonly RunnerSequence[]): Promise<StepResult> {
+    this.sampled += seqs.filter((s) => s.sample).length;
     const samples = seqs.map((s) => (s.sample ? { tokenId: [A, B, this.third][s.sample.counter] ?? C, logprob: -1, top: [] } : null));
     return Promise.resolve({ samples, errors: seqs.map(() => null) });
   }
@@ -73,6 +76,18 @@ test("stop strings: removed with what follows, kept with include_stop_str_in_out
   assert.equal(plain.text, "Hello ");
   assert.equal(plain.stopReason, "there");
   assert.equal((await go(true)).text, "Hello there");
+});
+
+test("a stop string found while the next step computes: that step's row for the request is dropped, and its blocks are freed", async () => {
+  const runner = new ScriptedRunner(STOP);
+  const engine = new Engine(runner, { ...DEFAULT_ENGINE_CONFIG, blockSize: 4 }, { numBlocks: 64, maxModelLen: 256, vocabSize: 151936, eosTokenIds: [] }, tok);
+  const out = await engine.add({ promptTokenIds: [id("Hi")], params: defaultSamplingParams({ temperature: 0, maxTokens: 5, stop: ["there"] }) }).collect();
+  // " there" (the second token) completes the stop string once the third step is launched: three rows sampled, two tokens reported.
+  assert.equal(runner.sampled, 3);
+  assert.deepEqual(out.tokenIds, [A, B]);
+  assert.equal(out.usage?.completionTokens, 2);
+  assert.equal(out.finishReason, "stop");
+  assertEngineIdle(engine);
 });
 
 test("min_tokens: a stop string before min_tokens is not a stop (as vLLM), after it is", async () => {

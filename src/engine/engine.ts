@@ -1,6 +1,7 @@
 /**
  * One engine per loaded model, one step in flight. The loop is:
- * schedule → execute (native, off the event loop) → update → emit.
+ * schedule → launch (native, off the event loop) → emit the step before's
+ * outputs while this one computes → update.
  */
 import { randomUUID } from "node:crypto";
 import { KvCacheManager } from "../kv/kv-cache-manager.js";
@@ -46,6 +47,14 @@ export interface EngineStats {
   steps: number;
 }
 
+/** A step in flight: when it started, its rows (for the observer) and its result. */
+interface LaunchedStep {
+  start: number;
+  decode: number;
+  rows: number;
+  result: Promise<StepResult>;
+}
+
 interface Live {
   request: Request;
   stream: OutputStream;
@@ -61,6 +70,7 @@ export class Engine {
   readonly scheduler: Scheduler;
   private readonly live = new Map<string, Live>();
   private loop: Promise<void> | null = null;
+  private kickAgain = false;
   private sequence = 0;
   private accepting = true;
   private steps = 0;
@@ -174,35 +184,71 @@ export class Engine {
     if (!verdict.ok) throw refusalError(verdict);
   }
 
+  /**
+   * Starts the loop, or has it start again if it is ending: a request's stream can end (and its
+   * caller add the next) while the loop still awaits a step it no longer needs.
+   */
   private kick(): void {
-    this.loop ??= this.run().finally(() => (this.loop = null));
+    if (this.loop) {
+      this.kickAgain = true;
+      return;
+    }
+    this.kickAgain = false;
+    this.loop = this.run().finally(() => {
+      this.loop = null;
+      if (this.kickAgain) this.kick();
+    });
   }
 
+  /**
+   * A step's outputs (detokenizing, stop strings, the streams) are emitted once the next step
+   * is launched, while it computes: at 512 sequences that work is about as long as a GPU
+   * step's own. A row the next step computes for a request that a stop string then ends
+   * is wasted, as in vLLM's async scheduling: its result is dropped (the request is no
+   * longer running), and its cache write lands in blocks that no step can reuse before it.
+   */
   private async run(): Promise<void> {
-    while (this.scheduler.hasWork) {
-      const scheduled = this.scheduler.schedule();
-      if (scheduled.length === 0) break; // nothing fits: cannot happen after admission checks, but never spin
-      const result = await this.execute(scheduled);
-      if (result) this.process(scheduled, result);
+    let emit: (() => void) | null = null;
+    try {
+      while (this.scheduler.hasWork) {
+        const scheduled = this.scheduler.schedule();
+        if (scheduled.length === 0) break; // nothing fits: cannot happen after admission checks, but never spin
+        const step = this.launch(scheduled);
+        emit?.();
+        emit = null;
+        const result = await this.awaitStep(scheduled, step);
+        if (result) emit = this.process(scheduled, result);
+      }
+    } finally {
+      emit?.();
     }
   }
 
-  private async execute(scheduled: ScheduledRequest[]): Promise<StepResult | null> {
+  /** Starts the step (the runner launches it before returning); a failure to start rejects its result. */
+  private launch(scheduled: ScheduledRequest[]): LaunchedStep {
     const start = this.now();
     try {
       // A constrained row samples under its grammar's mask, made while the step's forward pass runs
       // (its matcher took the previous token in process()); other rows are untouched.
       const seqs: RunnerSequence[] = scheduled.map(({ request: r, numTokens, sample }) => ({
-        tokenIds: r.allTokenIds.slice(r.numComputedTokens, r.numComputedTokens + numTokens),
+        tokenIds: r.tokenSlice(r.numComputedTokens, r.numComputedTokens + numTokens),
         startPosition: r.numComputedTokens,
         blockTable: this.kv.blockIds(r.id),
         ...(r.params.promptLogprobs !== null ? { score: r.scoreSpan(numTokens) } : {}),
         sample: sample && r.params.maxTokens > 0 ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r), ...maskOf(r) } : null,
       }));
-      const result = await this.runner.execute(seqs);
-      this.steps++;
       const decode = scheduled.filter((s) => s.request.outputTokenIds.length > 0 && s.numTokens === 1 && s.request.numComputedTokens === s.request.numTokens - 1).length;
-      this.observer.step?.(this.now() - start, { decode, prefill: seqs.reduce((n, s) => n + s.tokenIds.length, 0) - decode });
+      return { start, decode, rows: seqs.reduce((n, s) => n + s.tokenIds.length, 0), result: this.runner.execute(seqs) };
+    } catch (e) {
+      return { start, decode: 0, rows: 0, result: Promise.reject(e instanceof Error ? e : new Error(String(e))) };
+    }
+  }
+
+  private async awaitStep(scheduled: ScheduledRequest[], step: LaunchedStep): Promise<StepResult | null> {
+    try {
+      const result = await step.result;
+      this.steps++;
+      this.observer.step?.(this.now() - step.start, { decode: step.decode, prefill: step.rows - step.decode });
       return result;
     } catch (e) {
       const message = e instanceof Error ? e.message : String(e);
@@ -218,17 +264,26 @@ export class Engine {
     return [...(p.ignoreEos ? [] : this.limits.eosTokenIds), ...p.stopTokenIds];
   }
 
-  private process(scheduled: ScheduledRequest[], result: StepResult): void {
+  /**
+   * Records a step's results, everything the next step's schedule depends on (tokens, stop
+   * tokens, lengths, grammars, failures); returns the emission of its outputs (see run()).
+   */
+  private process(scheduled: ScheduledRequest[], result: StepResult): () => void {
     this.advanceGrammars(scheduled, result);
     this.recordScores(scheduled, result);
     const tokens = result.samples.map((s) => s?.tokenId ?? null);
     this.scheduler.update(scheduled, tokens);
-    const now = this.now();
     // A row the step could not compute fails alone; the rest of the batch goes on.
     scheduled.forEach((s, i) => {
       const error = result.errors[i];
       if (error) this.abort(s.request.id, RequestStatus.FINISHED_ERROR, `step failed for this request: ${error}`);
     });
+    return () => this.emit(scheduled, result);
+  }
+
+  /** Each sampled token goes to its request's stream; a stop string found in its text ends the request. */
+  private emit(scheduled: ScheduledRequest[], result: StepResult): void {
+    const now = this.now();
     scheduled.forEach((s, i) => {
       const sample = result.samples[i];
       const l = this.live.get(s.request.id);

@@ -99,6 +99,14 @@ export class Request {
     return [...this.promptTokenIds, ...this.outputTokenIds];
   }
 
+  /** Tokens [from, to) of prompt + output, without copying the whole sequence (a decode step takes one). */
+  tokenSlice(from: number, to: number): number[] {
+    const n = this.promptTokenIds.length;
+    if (from >= n) return this.outputTokenIds.slice(from - n, to - n);
+    if (to <= n) return this.promptTokenIds.slice(from, to);
+    return [...this.promptTokenIds.slice(from), ...this.outputTokenIds.slice(0, to - n)];
+  }
+
   /** Tokens it may take (prompt + max_tokens): its cost to its tenant's fair share. */
   get fairShareCost(): number {
     return this.promptTokenIds.length + this.params.maxTokens;
