@@ -107,11 +107,12 @@ export class KvCacheManager {
   /** Hashes of the first `count` full blocks, extending `known`. */
   private hashChain(seq: KvSequence, count: number, known: readonly string[] = []): string[] {
     const out = [...known];
+    const tokens = seq.allTokenIds;  // a request's getter copies its whole sequence: once, not once a block
     for (let i = out.length; i < count; i++) {
       const h = createHash("sha256");
       h.update(out[i - 1] ?? "root");
       h.update(`${seq.cacheSalt.length}:${seq.cacheSalt}`);
-      h.update(Int32Array.from(seq.allTokenIds.slice(i * this.blockSize, (i + 1) * this.blockSize)));
+      h.update(Int32Array.from(tokens.slice(i * this.blockSize, (i + 1) * this.blockSize)));
       out.push(h.digest("base64"));
     }
     return out;
