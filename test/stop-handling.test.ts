@@ -10,6 +10,7 @@ import { Engine, type Runner } from "../src/engine/engine.js";
 import { DEFAULT_ENGINE_CONFIG } from "../src/engine/engine-config.js";
 import { defaultSamplingParams } from "../src/engine/sampling-params.js";
 import { TextTokenizer } from "../src/model/tokenizer.js";
+import { grammarCompiler } from "../src/engine/grammar.js";
 import type { RunnerSequence, StepResult } from "../src/runtime/model-runner.js";
 import { assertEngineIdle, completeFixtureModel } from "./helpers.js";
 
@@ -98,4 +99,26 @@ test("min_tokens: a stop string before min_tokens is not a stop (as vLLM), after
   const late = await go(4);
   assert.equal(late.finishReason, "length", "the stop string came before min_tokens");
   assert.equal(late.text, tok.decode([A, B, STOP, C, C]));
+});
+
+/** Makes each row's deferred mask after the step starts, one after another, as ModelRunner does; a mask that fails fails the step. */
+class MaskingRunner extends ScriptedRunner {
+  override async execute(seqs: readonly RunnerSequence[]): Promise<StepResult> {
+    const result = super.execute(seqs);
+    for (const s of seqs) if (typeof s.sample?.mask === "function") await s.sample.mask();
+    return result;
+  }
+}
+
+test("a stop string ends two constrained requests while the next step makes their masks: the other request in that step is unharmed", async () => {
+  const engine = new Engine(new MaskingRunner(STOP), { ...DEFAULT_ENGINE_CONFIG, blockSize: 4 },
+    { numBlocks: 64, maxModelLen: 256, vocabSize: 151936, eosTokenIds: [] }, tok);
+  const grammar = await grammarCompiler(tok, 151936, []).compile({ type: "ebnf", grammar: 'root ::= "Hello there" [ a-zA-Z]*' });
+  const constrained = () => engine.add({ promptTokenIds: [id("Hi")], grammar, params: defaultSamplingParams({ temperature: 0, maxTokens: 5, stop: ["there"] }) }).collect();
+  const [a, b, plain] = await Promise.all([constrained(), constrained(),
+    engine.add({ promptTokenIds: [id("Hi")], params: defaultSamplingParams({ temperature: 0, maxTokens: 5 }) }).collect()]);
+  for (const o of [a, b]) assert.deepEqual([o.finishReason, o.text], ["stop", "Hello "], o.error);
+  assert.equal(plain.finishReason, "length", plain.error);
+  assert.equal(plain.text, tok.decode([A, B, STOP, C, C]));
+  assertEngineIdle(engine);
 });

@@ -234,8 +234,19 @@ test("a length-bounded JSON string admits no control characters (XGrammar 0.1.27
     assert.ok(m.accept(id));
   }
   const mask = await m.nextMask();
+  assert.ok(mask, "a live matcher makes a mask");
   const allowed = (id: number): boolean => ((mask[id >> 5]! >>> (id & 31)) & 1) === 1;
   assert.ok(allowed(tok.tokenId("b")!), "a letter may follow");
   for (const byte of ["<0x15>", "<0x09>", "<0x0A>"]) assert.ok(!allowed(tok.tokenId(byte)!), `${byte} may not`);
   m.dispose();
+});
+
+test("a matcher disposed while its mask is being made still makes it (its memory is freed after); once disposed it makes none", async () => {
+  const model = await s.manager.acquire("tiny-llama", "test");
+  const g = await grammarCompiler(model.tokenizer!, model.engine.limits.vocabSize, model.engine.limits.eosTokenIds).compile({ type: "regex", pattern: "[a-z]+" });
+  const m = await g.matcher();
+  const pending = m.nextMask();
+  m.dispose();
+  assert.ok(await pending, "the mask asked for before dispose()");
+  assert.equal(await m.nextMask(), undefined);
 });

@@ -284,16 +284,30 @@ class ThinkBudget {
   }
 }
 
-/** One request's place in its grammar. dispose() frees its WebAssembly memory; the engine calls it when the request ends. */
+/**
+ * One request's place in its grammar. dispose() frees its WebAssembly memory; the engine calls it when
+ * the request ends, which can be while a step in flight makes the request's mask (a stop string or a
+ * client's abort ends it then): the memory is freed once that mask is made.
+ */
 export class RequestGrammar {
   private disposed = false;
+  private masking: Promise<unknown> | null = null;
 
   /** `think`: a think block's budget, and the matcher that takes over to close the block at its bound. */
   constructor(private m: XGrammar.GrammarMatcher, private think: { budget: ThinkBudget; closing: XGrammar.GrammarMatcher } | null = null) {}
 
-  /** The next token's mask: ceil(vocab / 32) words, bit t set = token t allowed. */
-  nextMask(): Promise<Int32Array> {
-    return this.m.getNextTokenBitmask();
+  /** The next token's mask: ceil(vocab / 32) words, bit t set = token t allowed; undefined once disposed (the row is dropped). */
+  nextMask(): Promise<Int32Array | undefined> {
+    if (this.disposed) return Promise.resolve(undefined);
+    const made = this.m.getNextTokenBitmask();
+    const settled = made.then(() => undefined, () => undefined);
+    this.masking = settled;
+    void settled.then(() => {
+      if (this.masking !== settled) return;
+      this.masking = null;
+      if (this.disposed) this.free();
+    });
+    return made;
   }
 
   /** False when the grammar does not allow `token` (the mask was not applied). */
@@ -315,6 +329,10 @@ export class RequestGrammar {
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
+    if (!this.masking) this.free();
+  }
+
+  private free(): void {
     this.m.dispose();
     this.think?.closing.dispose();
   }
