@@ -202,10 +202,10 @@ export class Engine {
 
   /**
    * A step's outputs (detokenizing, stop strings, the streams) are emitted once the next step
-   * is launched, while it computes: at 512 sequences that work is about as long as a GPU
-   * step's own. A row the next step computes for a request that a stop string then ends
-   * is wasted, as in vLLM's async scheduling: its result is dropped (the request is no
-   * longer running), and its cache write lands in blocks that no step can reuse before it.
+   * is launched, while it computes: at 512 sequences that work is a fifth of a GPU decode
+   * step (docs/BATCHING.md). A row the next step computes for a request that a stop string
+   * then ends is wasted, as in vLLM's async scheduling: its result is dropped (the request is
+   * no longer running), and its cache write lands in blocks that no step can reuse before it.
    */
   private async run(): Promise<void> {
     let emit: (() => void) | null = null;
