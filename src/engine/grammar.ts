@@ -291,7 +291,7 @@ class ThinkBudget {
  */
 export class RequestGrammar {
   private disposed = false;
-  private masking: Promise<unknown> | null = null;
+  private masking: Promise<Int32Array> | null = null;
 
   /** `think`: a think block's budget, and the matcher that takes over to close the block at its bound. */
   constructor(private m: XGrammar.GrammarMatcher, private think: { budget: ThinkBudget; closing: XGrammar.GrammarMatcher } | null = null) {}
@@ -300,13 +300,13 @@ export class RequestGrammar {
   nextMask(): Promise<Int32Array | undefined> {
     if (this.disposed) return Promise.resolve(undefined);
     const made = this.m.getNextTokenBitmask();
-    const settled = made.then(() => undefined, () => undefined);
-    this.masking = settled;
-    void settled.then(() => {
-      if (this.masking !== settled) return;
+    this.masking = made;
+    const settled = (): void => {
+      if (this.masking !== made) return;
       this.masking = null;
       if (this.disposed) this.free();
-    });
+    };
+    made.then(settled, settled);
     return made;
   }
 
