@@ -61,6 +61,12 @@ struct PackedMatrix {
   DType panelType = DType::F32;
 };
 
+// One matrix of several that read the same input rows (q/k/v, gate/up), and where its output goes.
+struct MatrixProduct {
+  const PackedMatrix* w;
+  float* y;
+};
+
 // A bf16 pair tile: 16 output columns × 32 inputs.
 constexpr int kTileCols = 16;
 constexpr int kTileK = 32;
@@ -255,6 +261,8 @@ void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weig
 
 // Rows of x (T × K) rounded to bf16 (nearest even, k.roundBf16) → T × Kp, zero padded.
 void packActivationsBf16(const Kernels& k, const float* x, int T, int K, int Kp, uint16_t* out);
+// One row of it (K values → Kp), for loops that do more to each row in the same pass.
+void packRowBf16(const Kernels& k, const float* x, int K, int Kp, uint16_t* out);
 
 // Where element k of an activation row sits in that packed layout.
 inline int packedIndex(int k, int chunk, DType weightDtype) {

@@ -199,13 +199,14 @@ void roundBf16Scalar(const float* x, int n, uint16_t* out) {
   for (int i = 0; i < n; i++) out[i] = f32ToBf16(x[i]);
 }
 
+void packRowBf16(const Kernels& k, const float* x, int K, int Kp, uint16_t* out) {
+  k.roundBf16(x, K, out);
+  std::fill(out + K, out + Kp, static_cast<uint16_t>(0));
+}
+
 void packActivationsBf16(const Kernels& k, const float* x, int T, int K, int Kp, uint16_t* out) {
 #pragma omp parallel for if (T > kParallelRows)
-  for (int t = 0; t < T; t++) {
-    uint16_t* o = out + static_cast<size_t>(t) * Kp;
-    k.roundBf16(x + static_cast<size_t>(t) * K, K, o);
-    std::fill(o + K, o + Kp, static_cast<uint16_t>(0));
-  }
+  for (int t = 0; t < T; t++) packRowBf16(k, x + static_cast<size_t>(t) * K, K, Kp, out + static_cast<size_t>(t) * Kp);
 }
 
 const Kernels& kernelsScalar() {

@@ -75,7 +75,36 @@ void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix
   matmulQuantizedShared(k, x, T, {{&w, y}});
 }
 
-void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::vector<QuantProduct>& products) {
+namespace {
+
+// Splits the units of several matrices, taken in a row, into one contiguous share of their bytes
+// per OpenMP thread, and calls run(p, a, b) for each matrix's units [a, b) in the share: unit u of
+// a matrix goes to the thread whose share holds the unit's first byte. By bytes, not count: where
+// Q4_K_M's v is Q6_K (half as many bytes again per column as q/k's Q4_K), an even count left one
+// thread about a quarter more to read. One parallel region for all the matrices: on 16 cores a
+// region's fork and join cost about as much as reading a small matrix (k, v).
+template <class Units, class Bytes, class Run>
+void perThreadShares(const std::vector<MatrixProduct>& products, Units unitsOf, Bytes bytesOf, Run run) {
+  uint64_t total = 0;
+  for (const MatrixProduct& p : products) total += unitsOf(*p.w) * bytesOf(*p.w);
+#pragma omp parallel
+  {
+    const uint64_t nt = static_cast<uint64_t>(omp_get_num_threads()), id = static_cast<uint64_t>(omp_get_thread_num());
+    const uint64_t lo = total * id / nt, hi = total * (id + 1) / nt;
+    uint64_t first = 0;  // the matrix's first byte in the row
+    for (const MatrixProduct& p : products) {
+      const uint64_t n = unitsOf(*p.w), c = bytesOf(*p.w);
+      const auto unitAt = [&](uint64_t at) { return at <= first ? 0 : std::min(n, (at - first + c - 1) / c); };
+      const uint64_t a = unitAt(lo), b = unitAt(hi);
+      if (a < b) run(p, static_cast<int>(a), static_cast<int>(b));
+      first += n * c;
+    }
+  }
+}
+
+}  // namespace
+
+void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::vector<MatrixProduct>& products) {
   // The rows quantized once for each activation scale run the matrices ask for (32 or 256
   // inputs), into buffers grown to the largest step, per calling thread.
   static thread_local std::vector<QuantActBlock> acts[2];
@@ -83,7 +112,7 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
   const size_t blocks = static_cast<size_t>(T) * (K / kQBlock);
   const auto slot = [](const PackedMatrix& w) { return actScaleBlocks(w.dtype) == 1 ? 0 : 1; };
   const QuantActBlock* xq[2] = {nullptr, nullptr};  // the workers' own `acts` are other objects
-  for (const QuantProduct& p : products) {
+  for (const MatrixProduct& p : products) {
     const int i = slot(*p.w);
     if (xq[i]) continue;
     if (acts[i].size() < blocks) acts[i].resize(blocks);
@@ -91,28 +120,20 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
     else quantizeActivationsAvx2(x, T, K, actScaleBlocks(p.w->dtype), acts[i].data());
     xq[i] = acts[i].data();
   }
-  // The units (kQuantSplitCols columns) of all the matrices in a row, split across the threads
-  // by their bytes, not their count: where Q4_K_M's v is Q6_K (half as many bytes again per column
-  // as q/k's Q4_K), an even count left one thread about a quarter more to read. Unit u of a matrix
-  // goes to the thread whose share of the bytes holds the unit's first byte.
-  const auto unitsOf = [](const PackedMatrix& w) { return static_cast<uint64_t>((w.N + kQuantSplitCols - 1) / kQuantSplitCols); };
-  const auto bytesOf = [](const PackedMatrix& w) { return static_cast<uint64_t>(tensorBytes(w.dtype, kQuantSplitCols, w.K)); };
-  uint64_t total = 0;
-  for (const QuantProduct& p : products) total += unitsOf(*p.w) * bytesOf(*p.w);
-#pragma omp parallel
-  {
-    const uint64_t nt = static_cast<uint64_t>(omp_get_num_threads()), id = static_cast<uint64_t>(omp_get_thread_num());
-    const uint64_t lo = total * id / nt, hi = total * (id + 1) / nt;
-    uint64_t first = 0;  // the matrix's first byte in the row
-    for (const QuantProduct& p : products) {
-      const uint64_t n = unitsOf(*p.w), c = bytesOf(*p.w);
-      const auto unitAt = [&](uint64_t at) { return at <= first ? 0 : std::min(n, (at - first + c - 1) / c); };
-      const uint64_t a = unitAt(lo), b = unitAt(hi);
-      if (a < b)
-        k.matmulQuant(xq[slot(*p.w)], T, *p.w, p.y, static_cast<int>(a) * kQuantSplitCols, std::min(p.w->N, static_cast<int>(b) * kQuantSplitCols));
-      first += n * c;
-    }
-  }
+  // Units of kQuantSplitCols columns.
+  perThreadShares(
+      products, [](const PackedMatrix& w) { return static_cast<uint64_t>((w.N + kQuantSplitCols - 1) / kQuantSplitCols); },
+      [](const PackedMatrix& w) { return static_cast<uint64_t>(tensorBytes(w.dtype, kQuantSplitCols, w.K)); },
+      [&](const MatrixProduct& p, int a, int b) {
+        k.matmulQuant(xq[slot(*p.w)], T, *p.w, p.y, a * kQuantSplitCols, std::min(p.w->N, b * kQuantSplitCols));
+      });
+}
+
+void matmulPackedBf16Shared(const Kernels& k, const uint16_t* xp, int T, const std::vector<MatrixProduct>& products) {
+  perThreadShares(
+      products, [](const PackedMatrix& w) { return static_cast<uint64_t>(w.Np / kTileCols); },
+      [](const PackedMatrix& w) { return static_cast<uint64_t>(w.Kp) * kTileCols * 2; },
+      [&](const MatrixProduct& p, int g0, int g1) { k.matmulBf16(xp, T, *p.w, p.y, g0, g1); });
 }
 
 void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
@@ -132,30 +153,26 @@ void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps,
   }
 }
 
-void rmsnorm(const float* x, const float* weight, float* out, int T, int n, float eps) {
-#pragma omp parallel for if (T > kParallelRows)
-  for (int t = 0; t < T; t++) {
-    const float* xr = x + static_cast<size_t>(t) * n;
-    float* o = out + static_cast<size_t>(t) * n;
-    const float inv = inverseRms(xr, n, eps);
-    for (int i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * inv);
-  }
+void rmsnormRow(const float* x, const float* weight, float* out, int n, float eps) {
+  const float inv = inverseRms(x, n, eps);
+  for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
 }
 
-void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin) {
-  int half = hd / 2;
+void rmsnorm(const float* x, const float* weight, float* out, int T, int n, float eps) {
 #pragma omp parallel for if (T > kParallelRows)
-  for (int t = 0; t < T; t++)
-    for (int h = 0; h < heads; h++) {
-      float* v = x + (static_cast<size_t>(t) * heads + h) * hd;
-      const float* c = cos + static_cast<size_t>(t) * half;
-      const float* s = sin + static_cast<size_t>(t) * half;
-      for (int i = 0; i < half; i++) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * c[i] - b * s[i];
-        v[i + half] = b * c[i] + a * s[i];
-      }
+  for (int t = 0; t < T; t++) rmsnormRow(x + static_cast<size_t>(t) * n, weight, out + static_cast<size_t>(t) * n, n, eps);
+}
+
+void ropeRow(float* x, int heads, int hd, const float* cos, const float* sin) {
+  const int half = hd / 2;
+  for (int h = 0; h < heads; h++) {
+    float* v = x + static_cast<size_t>(h) * hd;
+    for (int i = 0; i < half; i++) {
+      float a = v[i], b = v[i + half];
+      v[i] = a * cos[i] - b * sin[i];
+      v[i + half] = b * cos[i] + a * sin[i];
     }
+  }
 }
 
 }  // namespace weft

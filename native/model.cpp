@@ -20,7 +20,8 @@ std::vector<float> widen(const Tensor& t) {
   return out;
 }
 
-void grow(std::vector<float>& v, size_t n) {
+template <class E>
+void grow(std::vector<E>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
@@ -115,7 +116,7 @@ Profile Model::takeProfile() {
 void Model::project(const float* x, int T, const PackedMatrix& w, float* y) {
   if (isMlx(w.dtype)) matmulMlx(k_, x, T, w, y);  // fp32 activations in both compute modes
   else if (isQuantized(w.dtype)) matmulQuantized(k_, x, T, w, y);
-  else if (w.pairTiles && cfg_.bf16) matmulBf16(k_, x, T, w, y, xbf16_);
+  else if (readsBf16Rows(w)) matmulBf16(k_, x, T, w, y, xbf16_);
   else if (w.pairTiles) matmulPairsF32(k_, x, T, w, y, xpack_);
   else matmulParallel(k_, x, T, w, y, xpack_);
 }
@@ -128,17 +129,37 @@ void Model::linear(const float* x, int T, const PackedMatrix& w, const std::vect
   addBias(y, T, bias);
 }
 
-void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T) {
+bool Model::readsBf16Rows(const PackedMatrix& w) const {
+  return cfg_.bf16 && w.pairTiles && !isMlx(w.dtype) && !isQuantized(w.dtype);
+}
+
+void Model::residualNorm(const std::vector<float>& norm, int T, bool residual, int bf16Kp) {
+  const int H = cfg_.hidden;
+  if (bf16Kp > 0) grow(xbf16_, static_cast<size_t>(T) * bf16Kp);
+#pragma omp parallel for if (T > kParallelRows)
+  for (int t = 0; t < T; t++) {
+    float* x = x_.data() + static_cast<size_t>(t) * H;
+    float* xn = xn_.data() + static_cast<size_t>(t) * H;
+    if (residual) {
+      const float* r = tmp_.data() + static_cast<size_t>(t) * H;
+      for (int i = 0; i < H; i++) x[i] += r[i];
+    }
+    rmsnormRow(x, norm.data(), xn, H, cfg_.rmsEps);
+    if (bf16Kp > 0) packRowBf16(k_, xn, H, bf16Kp, xbf16_.data() + static_cast<size_t>(t) * bf16Kp);
+  }
+}
+
+void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T, bool residual) {
   const PackedMatrix& first = *outs.begin()->w;
   bool quantized = false, allBlocks = true;  // MLX matrices read the fp32 rows as they are
   for (const Projection& p : outs) {
     quantized = quantized || isMlx(p.w->dtype) || isQuantized(p.w->dtype);
     allBlocks = allBlocks && !isMlx(p.w->dtype) && isQuantized(p.w->dtype);
   }
+  std::vector<MatrixProduct> products;
+  for (const Projection& p : outs) products.push_back({p.w, p.y});
   if (allBlocks) {  // block-quantized (whatever the mix of types): the rows quantized once for all
-    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
-    std::vector<QuantProduct> products;
-    for (const Projection& p : outs) products.push_back({p.w, p.y});
+    residualNorm(norm, T, residual, 0);
     {
       Timer t(profile_.matmul);
       matmulQuantizedShared(k_, xn_.data(), T, products);
@@ -147,28 +168,27 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
     return;
   }
   if (quantized) {
-    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
+    residualNorm(norm, T, residual, 0);
     for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);
     return;
   }
   if (cfg_.bf16) {  // normalized in fp32, rounded to bf16 once for all the projections (they share K)
-    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
-    if (xbf16_.size() < static_cast<size_t>(T) * first.Kp) xbf16_.resize(static_cast<size_t>(T) * first.Kp);
-    packActivationsBf16(k_, xn_.data(), T, cfg_.hidden, first.Kp, xbf16_.data());
-    for (const Projection& p : outs) {
+    residualNorm(norm, T, residual, first.Kp);
+    {
       Timer t(profile_.matmul);
-      matmulPackedBf16(k_, xbf16_.data(), T, *p.w, p.y);
-      addBias(p.y, T, *p.bias);
+      matmulPackedBf16Shared(k_, xbf16_.data(), T, products);
     }
+    for (const Projection& p : outs) addBias(p.y, T, *p.bias);
     return;
   }
   bool shared = !first.pairTiles;  // one packing serves all when the matrices agree on layout (pair tiles read rows as they are)
   for (const Projection& p : outs) shared = shared && p.w->Kp == first.Kp && p.w->dtype == first.dtype;
   if (!shared) {
-    rmsnorm(x_.data(), norm.data(), xn_.data(), T, cfg_.hidden, cfg_.rmsEps);
+    residualNorm(norm, T, residual, 0);
     for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);
     return;
   }
+  if (residual) addResidual(T);
   rmsnormPacked(x_.data(), norm.data(), T, cfg_.hidden, cfg_.rmsEps, k_, first, xpack_);
   for (const Projection& p : outs) {
     Timer t(profile_.matmul);
@@ -188,19 +208,15 @@ void Model::layer(int l, const StepInput& in) {
   const int T = static_cast<int>(in.tokens.size()), hd = cfg_.headDim;
   const int kvDim = cfg_.kvHeads * hd;
 
-  // Attention block: norm → q/k/v → (q/k norm) → rope → cache write → paged attention → out proj.
-  normThenLinear(P.attnNorm, {{&P.wq, &P.bq, q_.data()}, {&P.wk, &P.bk, kv_k_.data()}, {&P.wv, &P.bv, kv_v_.data()}}, T);
-  if (!P.qNorm.empty()) rmsnorm(q_.data(), P.qNorm.data(), q_.data(), T * cfg_.heads, hd, cfg_.rmsEps);
-  if (!P.kNorm.empty()) rmsnorm(kv_k_.data(), P.kNorm.data(), kv_k_.data(), T * cfg_.kvHeads, hd, cfg_.rmsEps);
-  rope(q_.data(), T, cfg_.heads, hd, cos_.data(), sin_.data());
-  rope(kv_k_.data(), T, cfg_.kvHeads, hd, cos_.data(), sin_.data());
+  // Attention block: (the layer before's residual) → norm → q/k/v → (q/k norm) → rope → cache write
+  // → paged attention → out proj.
+  normThenLinear(P.attnNorm, {{&P.wq, &P.bq, q_.data()}, {&P.wk, &P.bk, kv_k_.data()}, {&P.wv, &P.bv, kv_v_.data()}}, T, l > 0);
+  if (cfg_.kvDtype == DType::F32) attentionInputs<float>(l, in);
+  else attentionInputs<uint16_t>(l, in);
 
   const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * cfg_.blockSize * kvDim * dtypeBytes(cfg_.kvDtype);
   const char* kc = static_cast<const char*>(kCache_) + layerOffset;
   const char* vc = static_cast<const char*>(vCache_) + layerOffset;
-  if (cfg_.kvDtype == DType::F32) writeKv<float>(l, in);
-  else writeKv<uint16_t>(l, in);
-
   AttentionArgs a{q_.data(), attn_.data(), kc, vc, cfg_.kvDtype, in.positions.data(), in.seqStarts.data(), in.blockTables.data(),
                   static_cast<int>(in.seqStarts.size()) - 1, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks,
                   1.0f / std::sqrt(static_cast<float>(hd))};
@@ -209,18 +225,26 @@ void Model::layer(int l, const StepInput& in) {
     pagedAttention(k_, a);
   }
   linear(attn_.data(), T, P.wo, {}, tmp_.data());
-  addResidual(T);
 
-  // MLP block: norm → gate/up → SiLU(gate)·up → down.
+  // MLP block: residual → norm → gate/up → SiLU(gate)·up → down (its residual joins at the next norm).
   const std::vector<float> none;
-  normThenLinear(P.mlpNorm, {{&P.gate, &none, gate_.data()}, {&P.up, &none, up_.data()}}, T);
+  normThenLinear(P.mlpNorm, {{&P.gate, &none, gate_.data()}, {&P.up, &none, up_.data()}}, T, true);
+  mlpDown(P, T);
+}
+
+void Model::mlpDown(const PackedLayer& P, int T) {
+  const int I = cfg_.intermediate, Kp = P.down.Kp;
+  const bool bf16 = readsBf16Rows(P.down);
+  if (bf16) grow(xbf16_, static_cast<size_t>(T) * Kp);
 #pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {  // row by row: each row's lanes line up the same way in any batch
-    const size_t at = static_cast<size_t>(t) * cfg_.intermediate;
-    k_.siluMul(gate_.data() + at, up_.data() + at, cfg_.intermediate);
+    float* g = gate_.data() + static_cast<size_t>(t) * I;
+    k_.siluMul(g, up_.data() + static_cast<size_t>(t) * I, I);
+    if (bf16) packRowBf16(k_, g, I, Kp, xbf16_.data() + static_cast<size_t>(t) * Kp);
   }
-  linear(gate_.data(), T, P.down, {}, tmp_.data());
-  addResidual(T);
+  if (!bf16) return linear(gate_.data(), T, P.down, {}, tmp_.data());
+  Timer t(profile_.matmul);
+  matmulPackedBf16(k_, xbf16_.data(), T, P.down, tmp_.data());
 }
 
 void Model::addResidual(int T) {
@@ -231,8 +255,9 @@ void Model::addResidual(int T) {
 }
 
 template <class E>
-void Model::writeKv(int l, const StepInput& in) {
-  const int T = static_cast<int>(in.tokens.size()), hd = cfg_.headDim, kvDim = cfg_.kvHeads * hd, bs = cfg_.blockSize;
+void Model::attentionInputs(int l, const StepInput& in) {
+  const PackedLayer& P = packed_[l];
+  const int T = static_cast<int>(in.tokens.size()), hd = cfg_.headDim, half = hd / 2, kvDim = cfg_.kvHeads * hd, bs = cfg_.blockSize;
   const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * bs * kvDim;
   E* kc = static_cast<E*>(kCache_) + layerOffset;
   E* vc = static_cast<E*>(vCache_) + layerOffset;
@@ -243,9 +268,18 @@ void Model::writeKv(int l, const StepInput& in) {
   };
 #pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
-    const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
-    const float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
+    float* q = q_.data() + static_cast<size_t>(t) * cfg_.heads * hd;
+    float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
     const float* vt = kv_v_.data() + static_cast<size_t>(t) * kvDim;
+    if (!P.qNorm.empty())
+      for (int h = 0; h < cfg_.heads; h++) rmsnormRow(q + static_cast<size_t>(h) * hd, P.qNorm.data(), q + static_cast<size_t>(h) * hd, hd, cfg_.rmsEps);
+    if (!P.kNorm.empty())
+      for (int h = 0; h < cfg_.kvHeads; h++) rmsnormRow(kt + static_cast<size_t>(h) * hd, P.kNorm.data(), kt + static_cast<size_t>(h) * hd, hd, cfg_.rmsEps);
+    const float* c = cos_.data() + static_cast<size_t>(t) * half;
+    const float* s = sin_.data() + static_cast<size_t>(t) * half;
+    ropeRow(q, cfg_.heads, hd, c, s);
+    ropeRow(kt, cfg_.kvHeads, hd, c, s);
+    const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
     for (int h = 0; h < cfg_.kvHeads; h++)  // keys dimension-major within the block (see pagedAttention)
       for (int d = 0; d < hd; d++)
         kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = store(kt[static_cast<size_t>(h) * hd + d]);
@@ -284,6 +318,7 @@ StepOutput Model::step(const StepInput& in) {
     }
   }
   for (int l = 0; l < cfg_.layers; l++) layer(l, in);
+  addResidual(T);  // the last layer's MLP output (each layer's joins at the next layer's norm)
 
   // Only the sampled rows go through the final norm and the vocabulary projection.
   // Reused across steps: a fresh (S × vocab) buffer per step would be page-faulted and zeroed every time.

@@ -35,7 +35,14 @@ class Model : public Backend {
     const std::vector<float>* bias;
     float* y;
   };
-  void normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T);
+  // `residual`: x_ += tmp_ first (the block before's output), in the same pass over the rows.
+  void normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T, bool residual);
+  // Row by row in one parallel pass (on 16 cores a region's fork and join cost more than these
+  // loops' work): x_ += tmp_ when `residual`, then xn_ = RMSNorm(x_), and in bfloat16 mode
+  // (bf16Kp > 0) xn_'s rows rounded into xbf16_ for the projections.
+  void residualNorm(const std::vector<float>& norm, int T, bool residual, int bf16Kp);
+  // Whether w's matmul reads bf16-rounded rows (bfloat16 mode's pair tiles; not MLX or block-quantized).
+  bool readsBf16Rows(const PackedMatrix& w) const;
   static void addBias(float* y, int T, const std::vector<float>& bias);
   // x_ += tmp_ over T rows (the residual connection).
   void addResidual(int T);
@@ -51,6 +58,9 @@ class Model : public Backend {
     // Norm weights and biases widened once to fp32 (they are small).
     std::vector<float> attnNorm, mlpNorm, qNorm, kNorm, bq, bk, bv;
   };
+  // SiLU(gate)·up → down into tmp_; in bfloat16 mode each row is rounded for the down projection
+  // in the SiLU's pass.
+  void mlpDown(const PackedLayer& P, int T);
 
   Profile profile_;
   std::mutex profileMutex_;
@@ -73,9 +83,10 @@ class Model : public Backend {
   size_t kvPoolBytes() const { return kvElems_ * dtypeBytes(cfg_.kvDtype); }
   void* kCache_ = nullptr;
   void* vCache_ = nullptr;
-  // Row t of kv_k_ / kv_v_ into its slot of layer l's pools, rounded to the pool's element.
+  // What attention reads, row by row in one pass: the q/k norms (Qwen3), RoPE on q and k, and
+  // each row's k/v into its slot of layer l's pools, rounded to the pool's element E.
   template <class E>
-  void writeKv(int l, const StepInput& in);
+  void attentionInputs(int l, const StepInput& in);
   // Activations, grown to the largest step seen and reused.
   std::vector<uint16_t> xbf16_;  // bfloat16 mode: a matmul's input rows rounded
   std::vector<float> rows_, logits_, scoreLogits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;

@@ -19,6 +19,9 @@ void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, 
 
 // y = xp · wᵀ for bf16 rows already rounded (see packActivationsBf16), split across threads by column tiles.
 void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y);
+// The same for several bf16 matrices of one K that read the same rows (q/k/v, gate/up): all their
+// column tiles split across the threads in one parallel region.
+void matmulPackedBf16Shared(const Kernels& k, const uint16_t* xp, int T, const std::vector<MatrixProduct>& products);
 
 // float32 mode on pair tiles (k.matmulPairsF32): y = x · wᵀ, split across threads by column
 // tiles; rows whose K is short of w.Kp are padded with zeros into `scratch` first.
@@ -28,11 +31,13 @@ void matmulPairsF32(const Kernels& k, const float* x, int T, const PackedMatrix&
 // normalizing and packing the activations in one pass (shared by q/k/v, gate/up).
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out);
 
-// out[T, n] = x * rsqrt(mean(x²) + eps) * weight, row by row (in place allowed).
+// out[T, n] = x * rsqrt(mean(x²) + eps) * weight, row by row (in place allowed); rmsnormRow is one
+// row of it, for loops that do more to each row in the same pass.
 void rmsnorm(const float* x, const float* weight, float* out, int T, int n, float eps);
+void rmsnormRow(const float* x, const float* weight, float* out, int n, float eps);
 
-// Rotates pairs (i, i + hd/2) of every head of `x` (T, heads, hd) by the row's angles.
-void rope(float* x, int T, int heads, int hd, const float* cos, const float* sin);
+// Rotates pairs (i, i + hd/2) of each of a row's heads (heads × hd) by the row's hd/2 angles.
+void ropeRow(float* x, int heads, int hd, const float* cos, const float* sin);
 
 // Causal attention of every query row over its own sequence's cached K/V,
 // read through the block table.

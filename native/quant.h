@@ -114,10 +114,6 @@ constexpr int kQuantSplitCols = 16;
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y);
 // The same for block-quantized matrices that share their input x (q/k/v, gate/up; all of one K):
 // the rows quantized once, and all the matrices' columns split across the threads in one run.
-struct QuantProduct {
-  const PackedMatrix* w;
-  float* y;
-};
-void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::vector<QuantProduct>& products);
+void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::vector<MatrixProduct>& products);
 
 }  // namespace weft

@@ -21,9 +21,10 @@ export PATH="$home/node/bin:${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
 if [ -d "$here/fixtures" ]; then export WEFT_FIXTURES="$here/fixtures"; fi
 cd "$home/weft"
 if [ ! -f build/Release/weft_native.node ]; then
-  # The GPU's own SM version (e.g. 90 on an H100) unless WEFT_CUDA_ARCH names others.
+  # The GPU's own SM version (e.g. 90 on an H100) unless WEFT_CUDA_ARCH names others; WEFT_CUDA=0
+  # builds the CPU addon alone (for the host's CPU, without nvcc's minute).
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
-  WEFT_CUDA=1 WEFT_CUDA_ARCH=${WEFT_CUDA_ARCH:-${arch:-90}} node --input-type=module \
+  WEFT_CUDA=${WEFT_CUDA:-1} WEFT_CUDA_ARCH=${WEFT_CUDA_ARCH:-${arch:-90}} node --input-type=module \
     -e 'import { nodeGyp } from "./scripts/node-gyp.mjs"; nodeGyp(["rebuild", "--release"], process.cwd());' >"$home/build.log" 2>&1 ||
     { tail -50 "$home/build.log"; exit 1; }
 fi
