@@ -242,7 +242,10 @@ void Model::mlpDown(const PackedLayer& P, int T) {
     k_.siluMul(g, up_.data() + static_cast<size_t>(t) * I, I);
     if (bf16) packRowBf16(k_, g, I, Kp, xbf16_.data() + static_cast<size_t>(t) * Kp);
   }
-  if (!bf16) return linear(gate_.data(), T, P.down, {}, tmp_.data());
+  if (!bf16) {
+    linear(gate_.data(), T, P.down, {}, tmp_.data());
+    return;
+  }
   Timer t(profile_.matmul);
   matmulPackedBf16(k_, xbf16_.data(), T, P.down, tmp_.data());
 }
