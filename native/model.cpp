@@ -156,13 +156,16 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
     quantized = quantized || isMlx(p.w->dtype) || isQuantized(p.w->dtype);
     allBlocks = allBlocks && !isMlx(p.w->dtype) && isQuantized(p.w->dtype);
   }
-  std::vector<MatrixProduct> products;
-  for (const Projection& p : outs) products.push_back({p.w, p.y});
+  const auto products = [&outs] {  // for the branches whose matmul takes all the projections at once
+    std::vector<MatrixProduct> v;
+    for (const Projection& p : outs) v.push_back({p.w, p.y});
+    return v;
+  };
   if (allBlocks) {  // block-quantized (whatever the mix of types): the rows quantized once for all
     residualNorm(norm, T, residual, 0);
     {
       Timer t(profile_.matmul);
-      matmulQuantizedShared(k_, xn_.data(), T, products);
+      matmulQuantizedShared(k_, xn_.data(), T, products());
     }
     for (const Projection& p : outs) addBias(p.y, T, *p.bias);
     return;
@@ -176,7 +179,7 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
     residualNorm(norm, T, residual, first.Kp);
     {
       Timer t(profile_.matmul);
-      matmulPackedBf16Shared(k_, xbf16_.data(), T, products);
+      matmulPackedBf16Shared(k_, xbf16_.data(), T, products());
     }
     for (const Projection& p : outs) addBias(p.y, T, *p.bias);
     return;
@@ -269,15 +272,17 @@ void Model::attentionInputs(int l, const StepInput& in) {
     if constexpr (std::is_same_v<E, float>) return x;
     else return kv == DType::F16 ? f32ToF16(x) : f32ToBf16(x);
   };
+  const auto normHeads = [&](float* x, int heads, const std::vector<float>& weight) {  // Qwen3's q/k norms, head by head
+    if (weight.empty()) return;
+    for (int h = 0; h < heads; h++) rmsnormRow(x + static_cast<size_t>(h) * hd, weight.data(), x + static_cast<size_t>(h) * hd, hd, cfg_.rmsEps);
+  };
 #pragma omp parallel for if (T > kParallelRows)
   for (int t = 0; t < T; t++) {
     float* q = q_.data() + static_cast<size_t>(t) * cfg_.heads * hd;
     float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
     const float* vt = kv_v_.data() + static_cast<size_t>(t) * kvDim;
-    if (!P.qNorm.empty())
-      for (int h = 0; h < cfg_.heads; h++) rmsnormRow(q + static_cast<size_t>(h) * hd, P.qNorm.data(), q + static_cast<size_t>(h) * hd, hd, cfg_.rmsEps);
-    if (!P.kNorm.empty())
-      for (int h = 0; h < cfg_.kvHeads; h++) rmsnormRow(kt + static_cast<size_t>(h) * hd, P.kNorm.data(), kt + static_cast<size_t>(h) * hd, hd, cfg_.rmsEps);
+    normHeads(q, cfg_.heads, P.qNorm);
+    normHeads(kt, cfg_.kvHeads, P.kNorm);
     const float* c = cos_.data() + static_cast<size_t>(t) * half;
     const float* s = sin_.data() + static_cast<size_t>(t) * half;
     ropeRow(q, cfg_.heads, hd, c, s);
