@@ -1,5 +1,6 @@
 #include <omp.h>
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cmath>
 #include "ops.h"
@@ -10,17 +11,31 @@ namespace weft {
 
 namespace {
 
-// Splits `units` (column groups, tiles or panels) into one contiguous run per OpenMP
-// thread and calls run(u0, u1) on each non-empty run: every output element is reduced
-// by one thread in a fixed order, whatever the thread count.
+// The shortest run a thread claims: long enough that its weight streams get going (a run's first
+// tiles are demand misses).
+constexpr size_t kMinRunBytes = size_t{128} << 10;
+
+// Hands `units` (column groups, tiles or panels of about unitBytes of weights each) out to the
+// OpenMP threads in runs, in order: a free thread claims the next max(shortest, remaining / (2 ×
+// threads)) units. Runs start long (a weight stream each) and shrink toward the end, where a
+// thread that fell behind, its core taken by another tenant on a shared host, is helped rather
+// than waited for: one fixed run a thread measured 12–22 % slower a 32-row step on the 16-core
+// AMX host (docs/PERFORMANCE.md, session 39). Each unit goes to one run(u0, u1) call, and the
+// kernels reduce each output in one fixed order: results do not depend on who takes what.
 template <class Run>
-void perThreadRuns(int units, Run run) {
+void claimRuns(int units, size_t unitBytes, Run run) {
+  const int shortest = static_cast<int>(std::max<size_t>(1, kMinRunBytes / std::max<size_t>(1, unitBytes)));
+  std::atomic<int> next{0};
 #pragma omp parallel
   {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int u0 = static_cast<int>(static_cast<long>(units) * id / nt);
-    const int u1 = static_cast<int>(static_cast<long>(units) * (id + 1) / nt);
-    if (u0 < u1) run(u0, u1);
+    const int nt = omp_get_num_threads();
+    int at = next.load(std::memory_order_relaxed);
+    while (at < units) {
+      const int take = std::min(units - at, std::max(shortest, (units - at) / (2 * nt)));
+      if (!next.compare_exchange_weak(at, at + take, std::memory_order_relaxed)) continue;  // `at` now holds the newer claim
+      run(at, at + take);
+      at = next.load(std::memory_order_relaxed);
+    }
   }
 }
 
@@ -49,7 +64,7 @@ void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix&
 }
 
 void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& w, float* y) {
-  perThreadRuns(w.Np / kPackCols, [&](int g0, int g1) { k.matmul(xp, T, w, y, g0, g1); });
+  claimRuns(w.Np / kPackCols, tensorBytes(w.dtype, kPackCols, w.Kp), [&](int g0, int g1) { k.matmul(xp, T, w, y, g0, g1); });
 }
 
 void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<uint16_t>& scratch) {
@@ -59,7 +74,7 @@ void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, 
 }
 
 void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y) {
-  perThreadRuns(w.Np / kTileCols, [&](int g0, int g1) { k.matmulBf16(xp, T, w, y, g0, g1); });
+  claimRuns(w.Np / kTileCols, tensorBytes(DType::BF16, kTileCols, w.Kp), [&](int g0, int g1) { k.matmulBf16(xp, T, w, y, g0, g1); });
 }
 
 void matmulPairsF32(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
@@ -68,7 +83,7 @@ void matmulPairsF32(const Kernels& k, const float* x, int T, const PackedMatrix&
     packActivations(x, T, w.K, w.Kp, k.chunk, DType::F32, scratch.data());
     x = scratch.data();
   }
-  perThreadRuns(w.Np / kTileCols, [&](int g0, int g1) { k.matmulPairsF32(x, T, w, y, g0, g1); });
+  claimRuns(w.Np / kTileCols, tensorBytes(DType::BF16, kTileCols, w.Kp), [&](int g0, int g1) { k.matmulPairsF32(x, T, w, y, g0, g1); });
 }
 
 void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
@@ -77,29 +92,26 @@ void matmulQuantized(const Kernels& k, const float* x, int T, const PackedMatrix
 
 namespace {
 
-// Splits the units of several matrices, taken in a row, into one contiguous share of their bytes
-// per OpenMP thread, and calls run(p, a, b) for each matrix's units [a, b) in the share: unit u of
-// a matrix goes to the thread whose share holds the unit's first byte. By bytes, not count: where
-// Q4_K_M's v is Q6_K (half as many bytes again per column as q/k's Q4_K), an even count left one
-// thread about a quarter more to read. One parallel region for all the matrices: on 16 cores a
-// region's fork and join cost about as much as reading a small matrix (k, v).
+// claimRuns over the units of several matrices taken in a row (one parallel region for all of
+// them: on 16 cores a region's fork and join cost about as much as reading a small matrix such as
+// k or v); run(p, a, b) gets each matrix's units [a, b) of a claimed run. Units may differ in
+// bytes between the matrices (Q4_K_M's v is Q6_K): the claims even that out.
 template <class Units, class Bytes, class Run>
-void perThreadShares(const std::vector<MatrixProduct>& products, Units unitsOf, Bytes bytesOf, Run run) {
-  uint64_t total = 0;
-  for (const MatrixProduct& p : products) total += unitsOf(*p.w) * bytesOf(*p.w);
-#pragma omp parallel
-  {
-    const uint64_t nt = static_cast<uint64_t>(omp_get_num_threads()), id = static_cast<uint64_t>(omp_get_thread_num());
-    const uint64_t lo = total * id / nt, hi = total * (id + 1) / nt;
-    uint64_t first = 0;  // the matrix's first byte in the row
-    for (const MatrixProduct& p : products) {
-      const uint64_t n = unitsOf(*p.w), c = bytesOf(*p.w);
-      const auto unitAt = [&](uint64_t at) { return at <= first ? 0 : std::min(n, (at - first + c - 1) / c); };
-      const uint64_t a = unitAt(lo), b = unitAt(hi);
-      if (a < b) run(p, static_cast<int>(a), static_cast<int>(b));
-      first += n * c;
-    }
+void claimShares(const std::vector<MatrixProduct>& products, Units unitsOf, Bytes bytesOf, Run run) {
+  int units = 0;
+  size_t unitBytes = 0;
+  for (const MatrixProduct& p : products) {
+    units += static_cast<int>(unitsOf(*p.w));
+    unitBytes = std::max<size_t>(unitBytes, bytesOf(*p.w));
   }
+  claimRuns(units, unitBytes, [&](int a, int b) {
+    int first = 0;  // the matrix's first unit in the row
+    for (const MatrixProduct& p : products) {
+      const int n = static_cast<int>(unitsOf(*p.w)), lo = std::max(a, first), hi = std::min(b, first + n);
+      if (lo < hi) run(p, lo - first, hi - first);
+      first += n;
+    }
+  });
 }
 
 }  // namespace
@@ -121,7 +133,7 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
     xq[i] = acts[i].data();
   }
   // Units of kQuantSplitCols columns.
-  perThreadShares(
+  claimShares(
       products, [](const PackedMatrix& w) { return static_cast<uint64_t>((w.N + kQuantSplitCols - 1) / kQuantSplitCols); },
       [](const PackedMatrix& w) { return static_cast<uint64_t>(tensorBytes(w.dtype, kQuantSplitCols, w.K)); },
       [&](const MatrixProduct& p, int a, int b) {
@@ -130,15 +142,15 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
 }
 
 void matmulPackedBf16Shared(const Kernels& k, const uint16_t* xp, int T, const std::vector<MatrixProduct>& products) {
-  perThreadShares(
+  claimShares(
       products, [](const PackedMatrix& w) { return static_cast<uint64_t>(w.Np / kTileCols); },
       [](const PackedMatrix& w) { return static_cast<uint64_t>(w.Kp) * kTileCols * 2; },
       [&](const MatrixProduct& p, int g0, int g1) { k.matmulBf16(xp, T, *p.w, p.y, g0, g1); });
 }
 
 void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {
-  perThreadRuns((w.N + kMlxPanel - 1) / kMlxPanel,
-                [&](int p0, int p1) { k.matmulMlx(x, T, w, y, p0 * kMlxPanel, std::min(w.N, p1 * kMlxPanel)); });
+  claimRuns((w.N + kMlxPanel - 1) / kMlxPanel, mlxWordBytes(w.dtype, kMlxPanel, w.K),
+            [&](int p0, int p1) { k.matmulMlx(x, T, w, y, p0 * kMlxPanel, std::min(w.N, p1 * kMlxPanel)); });
 }
 
 void rmsnormPacked(const float* x, const float* weight, int T, int n, float eps, const Kernels& k, const PackedMatrix& w, std::vector<float>& out) {
