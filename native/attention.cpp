@@ -124,11 +124,12 @@ int headsPerJob(const AttentionArgs& a) {
 }
 
 template <class E>
-void attend(const Kernels& k, const AttentionArgs& a) {
+void attend(const Kernels& k, const AttentionArgs& a, const RowPass& inputs) {
   const int group = a.heads / a.kvHeads, bs = a.blockSize;
   const int perJob = headsPerJob(a), jobs = a.numSeqs * (a.kvHeads / perJob);
 #pragma omp parallel
   {
+    rowPassInRegion(inputs, a.seqStarts[a.numSeqs]);
     // Per worker thread, kept across steps: no allocation per step.
     static thread_local std::vector<float> scoreBuf;
     static thread_local std::vector<const E*> vrows;
@@ -164,9 +165,9 @@ void attend(const Kernels& k, const AttentionArgs& a) {
 
 }  // namespace
 
-void pagedAttention(const Kernels& k, const AttentionArgs& a) {
-  if (a.kvDtype == DType::F32) attend<float>(k, a);
-  else attend<uint16_t>(k, a);
+void pagedAttention(const Kernels& k, const AttentionArgs& a, const RowPass& inputs) {
+  if (a.kvDtype == DType::F32) attend<float>(k, a, inputs);
+  else attend<uint16_t>(k, a, inputs);
 }
 
 }  // namespace weft

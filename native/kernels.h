@@ -259,9 +259,8 @@ const CpuFeatures& cpuFeatures();
 // each chunk holds its even elements then its odd ones; otherwise natural order.
 void packActivations(const float* x, int T, int K, int Kp, int chunk, DType weightDtype, float* out);
 
-// Rows of x (T × K) rounded to bf16 (nearest even, k.roundBf16) → T × Kp, zero padded.
-void packActivationsBf16(const Kernels& k, const float* x, int T, int K, int Kp, uint16_t* out);
-// One row of it (K values → Kp), for loops that do more to each row in the same pass.
+// A row of x (K values) rounded to bf16 (nearest even, k.roundBf16) → Kp, zero padded: a bfloat16
+// mode matmul's input row.
 void packRowBf16(const Kernels& k, const float* x, int K, int Kp, uint16_t* out);
 
 // Where element k of an activation row sits in that packed layout.

@@ -204,11 +204,6 @@ void packRowBf16(const Kernels& k, const float* x, int K, int Kp, uint16_t* out)
   std::fill(out + K, out + Kp, static_cast<uint16_t>(0));
 }
 
-void packActivationsBf16(const Kernels& k, const float* x, int T, int K, int Kp, uint16_t* out) {
-#pragma omp parallel for if (T > kParallelRows)
-  for (int t = 0; t < T; t++) packRowBf16(k, x + static_cast<size_t>(t) * K, K, Kp, out + static_cast<size_t>(t) * Kp);
-}
-
 const Kernels& kernelsScalar() {
   static const Kernels k = [] {
     Kernels s{"scalar", L, matmul, axpy, siluMul, expSum, scores, weightedSum, matmulBf16, false};

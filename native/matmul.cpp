@@ -22,12 +22,14 @@ constexpr size_t kMinRunBytes = size_t{128} << 10;
 // than waited for: one fixed run a thread measured 12–22 % slower a 32-row step on the 16-core
 // AMX host (docs/PERFORMANCE.md, session 39). Each unit goes to one run(u0, u1) call, and the
 // kernels reduce each output in one fixed order: results do not depend on who takes what.
+// `rows` (T of them), when given, runs first in the same region (see RowPass).
 template <class Run>
-void claimRuns(int units, size_t unitBytes, Run run) {
+void claimRuns(int units, size_t unitBytes, Run run, const RowPass& rows = {}, int T = 0) {
   const int shortest = static_cast<int>(std::max<size_t>(1, kMinRunBytes / std::max<size_t>(1, unitBytes)));
   std::atomic<int> next{0};
 #pragma omp parallel
   {
+    rowPassInRegion(rows, T);
     const int nt = omp_get_num_threads();
     int at = next.load(std::memory_order_relaxed);
     while (at < units) {
@@ -57,6 +59,12 @@ float inverseRms(const float* x, int n, float eps) {
 
 }  // namespace
 
+void rowPassInRegion(const RowPass& rows, int T) {
+  if (!rows) return;
+#pragma omp for
+  for (int t = 0; t < T; t++) rows(t);
+}
+
 void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
   if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
   packActivations(x, T, w.K, w.Kp, k.chunk, w.dtype, scratch.data());
@@ -69,12 +77,15 @@ void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& 
 
 void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<uint16_t>& scratch) {
   if (scratch.size() < static_cast<size_t>(T) * w.Kp) scratch.resize(static_cast<size_t>(T) * w.Kp);
-  packActivationsBf16(k, x, T, w.K, w.Kp, scratch.data());
-  matmulPackedBf16(k, scratch.data(), T, w, y);
+  uint16_t* xp = scratch.data();
+  matmulPackedBf16(k, xp, T, w, y, [&](int t) {
+    packRowBf16(k, x + static_cast<size_t>(t) * w.K, w.K, w.Kp, xp + static_cast<size_t>(t) * w.Kp);
+  });
 }
 
-void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y) {
-  claimRuns(w.Np / kTileCols, tensorBytes(DType::BF16, kTileCols, w.Kp), [&](int g0, int g1) { k.matmulBf16(xp, T, w, y, g0, g1); });
+void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y, const RowPass& rows) {
+  claimRuns(
+      w.Np / kTileCols, tensorBytes(DType::BF16, kTileCols, w.Kp), [&](int g0, int g1) { k.matmulBf16(xp, T, w, y, g0, g1); }, rows, T);
 }
 
 void matmulPairsF32(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<float>& scratch) {
@@ -97,7 +108,7 @@ namespace {
 // k or v); run(p, a, b) gets each matrix's units [a, b) of a claimed run. Units may differ in
 // bytes between the matrices (Q4_K_M's v is Q6_K): the claims even that out.
 template <class Units, class Bytes, class Run>
-void claimShares(const std::vector<MatrixProduct>& products, Units unitsOf, Bytes bytesOf, Run run) {
+void claimShares(const std::vector<MatrixProduct>& products, Units unitsOf, Bytes bytesOf, Run run, const RowPass& rows = {}, int T = 0) {
   int units = 0;
   size_t unitBytes = 0;
   for (const MatrixProduct& p : products) {
@@ -111,7 +122,7 @@ void claimShares(const std::vector<MatrixProduct>& products, Units unitsOf, Byte
       if (lo < hi) run(p, lo - first, hi - first);
       first += n;
     }
-  });
+  }, rows, T);
 }
 
 }  // namespace
@@ -141,11 +152,11 @@ void matmulQuantizedShared(const Kernels& k, const float* x, int T, const std::v
       });
 }
 
-void matmulPackedBf16Shared(const Kernels& k, const uint16_t* xp, int T, const std::vector<MatrixProduct>& products) {
+void matmulPackedBf16Shared(const Kernels& k, const uint16_t* xp, int T, const std::vector<MatrixProduct>& products, const RowPass& rows) {
   claimShares(
       products, [](const PackedMatrix& w) { return static_cast<uint64_t>(w.Np / kTileCols); },
       [](const PackedMatrix& w) { return static_cast<uint64_t>(w.Kp) * kTileCols * 2; },
-      [&](const MatrixProduct& p, int g0, int g1) { k.matmulBf16(xp, T, *p.w, p.y, g0, g1); });
+      [&](const MatrixProduct& p, int g0, int g1) { k.matmulBf16(xp, T, *p.w, p.y, g0, g1); }, rows, T);
 }
 
 void matmulMlx(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y) {

@@ -133,20 +133,21 @@ bool Model::readsBf16Rows(const PackedMatrix& w) const {
   return cfg_.bf16 && w.pairTiles && !isMlx(w.dtype) && !isQuantized(w.dtype);
 }
 
-void Model::residualNorm(const std::vector<float>& norm, int T, bool residual, int bf16Kp) {
+void Model::normRow(const std::vector<float>& norm, int t, bool residual, int bf16Kp) {
   const int H = cfg_.hidden;
-  if (bf16Kp > 0) grow(xbf16_, static_cast<size_t>(T) * bf16Kp);
-#pragma omp parallel for if (T > kParallelRows)
-  for (int t = 0; t < T; t++) {
-    float* x = x_.data() + static_cast<size_t>(t) * H;
-    float* xn = xn_.data() + static_cast<size_t>(t) * H;
-    if (residual) {
-      const float* r = tmp_.data() + static_cast<size_t>(t) * H;
-      for (int i = 0; i < H; i++) x[i] += r[i];
-    }
-    rmsnormRow(x, norm.data(), xn, H, cfg_.rmsEps);
-    if (bf16Kp > 0) packRowBf16(k_, xn, H, bf16Kp, xbf16_.data() + static_cast<size_t>(t) * bf16Kp);
+  float* x = x_.data() + static_cast<size_t>(t) * H;
+  float* xn = xn_.data() + static_cast<size_t>(t) * H;
+  if (residual) {
+    const float* r = tmp_.data() + static_cast<size_t>(t) * H;
+    for (int i = 0; i < H; i++) x[i] += r[i];
   }
+  rmsnormRow(x, norm.data(), xn, H, cfg_.rmsEps);
+  if (bf16Kp > 0) packRowBf16(k_, xn, H, bf16Kp, xbf16_.data() + static_cast<size_t>(t) * bf16Kp);
+}
+
+void Model::residualNorm(const std::vector<float>& norm, int T, bool residual) {
+#pragma omp parallel for if (T > kParallelRows)
+  for (int t = 0; t < T; t++) normRow(norm, t, residual, 0);
 }
 
 void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T, bool residual) {
@@ -162,7 +163,7 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
     return v;
   };
   if (allBlocks) {  // block-quantized (whatever the mix of types): the rows quantized once for all
-    residualNorm(norm, T, residual, 0);
+    residualNorm(norm, T, residual);
     {
       Timer t(profile_.matmul);
       matmulQuantizedShared(k_, xn_.data(), T, products());
@@ -171,15 +172,15 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
     return;
   }
   if (quantized) {
-    residualNorm(norm, T, residual, 0);
+    residualNorm(norm, T, residual);
     for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);
     return;
   }
-  if (cfg_.bf16) {  // normalized in fp32, rounded to bf16 once for all the projections (they share K)
-    residualNorm(norm, T, residual, first.Kp);
+  if (cfg_.bf16) {  // normalized in fp32, rounded to bf16 once for all the projections (they share K), in the matmul's region
+    grow(xbf16_, static_cast<size_t>(T) * first.Kp);
     {
       Timer t(profile_.matmul);
-      matmulPackedBf16Shared(k_, xbf16_.data(), T, products());
+      matmulPackedBf16Shared(k_, xbf16_.data(), T, products(), [&](int row) { normRow(norm, row, residual, first.Kp); });
     }
     for (const Projection& p : outs) addBias(p.y, T, *p.bias);
     return;
@@ -187,7 +188,7 @@ void Model::normThenLinear(const std::vector<float>& norm, std::initializer_list
   bool shared = !first.pairTiles;  // one packing serves all when the matrices agree on layout (pair tiles read rows as they are)
   for (const Projection& p : outs) shared = shared && p.w->Kp == first.Kp && p.w->dtype == first.dtype;
   if (!shared) {
-    residualNorm(norm, T, residual, 0);
+    residualNorm(norm, T, residual);
     for (const Projection& p : outs) linear(xn_.data(), T, *p.w, *p.bias, p.y);
     return;
   }
@@ -214,8 +215,6 @@ void Model::layer(int l, const StepInput& in) {
   // Attention block: (the layer before's residual) → norm → q/k/v → (q/k norm) → rope → cache write
   // → paged attention → out proj.
   normThenLinear(P.attnNorm, {{&P.wq, &P.bq, q_.data()}, {&P.wk, &P.bk, kv_k_.data()}, {&P.wv, &P.bv, kv_v_.data()}}, T, l > 0);
-  if (cfg_.kvDtype == DType::F32) attentionInputs<float>(l, in);
-  else attentionInputs<uint16_t>(l, in);
 
   const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * cfg_.blockSize * kvDim * dtypeBytes(cfg_.kvDtype);
   const char* kc = static_cast<const char*>(kCache_) + layerOffset;
@@ -224,8 +223,9 @@ void Model::layer(int l, const StepInput& in) {
                   static_cast<int>(in.seqStarts.size()) - 1, cfg_.heads, cfg_.kvHeads, hd, cfg_.blockSize, in.maxBlocks,
                   1.0f / std::sqrt(static_cast<float>(hd))};
   {
-    Timer t(profile_.attention);
-    pagedAttention(k_, a);
+    Timer t(profile_.attention);  // with the q/k norms, RoPE and the cache write, in attention's region
+    if (cfg_.kvDtype == DType::F32) pagedAttention(k_, a, [&](int row) { attentionInputRow<float>(l, in, row); });
+    else pagedAttention(k_, a, [&](int row) { attentionInputRow<uint16_t>(l, in, row); });
   }
   linear(attn_.data(), T, P.wo, {}, tmp_.data());
 
@@ -238,19 +238,20 @@ void Model::layer(int l, const StepInput& in) {
 void Model::mlpDown(const PackedLayer& P, int T) {
   const int I = cfg_.intermediate, Kp = P.down.Kp;
   const bool bf16 = readsBf16Rows(P.down);
-  if (bf16) grow(xbf16_, static_cast<size_t>(T) * Kp);
-#pragma omp parallel for if (T > kParallelRows)
-  for (int t = 0; t < T; t++) {  // row by row: each row's lanes line up the same way in any batch
+  const auto siluRow = [&](int t) {  // row by row: each row's lanes line up the same way in any batch
     float* g = gate_.data() + static_cast<size_t>(t) * I;
     k_.siluMul(g, up_.data() + static_cast<size_t>(t) * I, I);
     if (bf16) packRowBf16(k_, g, I, Kp, xbf16_.data() + static_cast<size_t>(t) * Kp);
-  }
+  };
   if (!bf16) {
+#pragma omp parallel for if (T > kParallelRows)
+    for (int t = 0; t < T; t++) siluRow(t);
     linear(gate_.data(), T, P.down, {}, tmp_.data());
     return;
   }
+  grow(xbf16_, static_cast<size_t>(T) * Kp);
   Timer t(profile_.matmul);
-  matmulPackedBf16(k_, xbf16_.data(), T, P.down, tmp_.data());
+  matmulPackedBf16(k_, xbf16_.data(), T, P.down, tmp_.data(), siluRow);  // the SiLU in the matmul's region
 }
 
 void Model::addResidual(int T) {
@@ -261,9 +262,9 @@ void Model::addResidual(int T) {
 }
 
 template <class E>
-void Model::attentionInputs(int l, const StepInput& in) {
+void Model::attentionInputRow(int l, const StepInput& in, int t) {
   const PackedLayer& P = packed_[l];
-  const int T = static_cast<int>(in.tokens.size()), hd = cfg_.headDim, half = hd / 2, kvDim = cfg_.kvHeads * hd, bs = cfg_.blockSize;
+  const int hd = cfg_.headDim, half = hd / 2, kvDim = cfg_.kvHeads * hd, bs = cfg_.blockSize;
   const size_t layerOffset = static_cast<size_t>(l) * cfg_.numBlocks * bs * kvDim;
   E* kc = static_cast<E*>(kCache_) + layerOffset;
   E* vc = static_cast<E*>(vCache_) + layerOffset;
@@ -276,25 +277,22 @@ void Model::attentionInputs(int l, const StepInput& in) {
     if (weight.empty()) return;
     for (int h = 0; h < heads; h++) rmsnormRow(x + static_cast<size_t>(h) * hd, weight.data(), x + static_cast<size_t>(h) * hd, hd, cfg_.rmsEps);
   };
-#pragma omp parallel for if (T > kParallelRows)
-  for (int t = 0; t < T; t++) {
-    float* q = q_.data() + static_cast<size_t>(t) * cfg_.heads * hd;
-    float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
-    const float* vt = kv_v_.data() + static_cast<size_t>(t) * kvDim;
-    normHeads(q, cfg_.heads, P.qNorm);
-    normHeads(kt, cfg_.kvHeads, P.kNorm);
-    const float* c = cos_.data() + static_cast<size_t>(t) * half;
-    const float* s = sin_.data() + static_cast<size_t>(t) * half;
-    ropeRow(q, cfg_.heads, hd, c, s);
-    ropeRow(kt, cfg_.kvHeads, hd, c, s);
-    const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
-    for (int h = 0; h < cfg_.kvHeads; h++)  // keys dimension-major within the block (see pagedAttention)
-      for (int d = 0; d < hd; d++)
-        kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = store(kt[static_cast<size_t>(h) * hd + d]);
-    for (int h = 0; h < cfg_.kvHeads; h++)  // a head's values contiguous within the block: one stream per job
-      for (int d = 0; d < hd; d++)
-        vc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * bs + offset) * hd + d] = store(vt[static_cast<size_t>(h) * hd + d]);
-  }
+  float* q = q_.data() + static_cast<size_t>(t) * cfg_.heads * hd;
+  float* kt = kv_k_.data() + static_cast<size_t>(t) * kvDim;
+  const float* vt = kv_v_.data() + static_cast<size_t>(t) * kvDim;
+  normHeads(q, cfg_.heads, P.qNorm);
+  normHeads(kt, cfg_.kvHeads, P.kNorm);
+  const float* c = cos_.data() + static_cast<size_t>(t) * half;
+  const float* s = sin_.data() + static_cast<size_t>(t) * half;
+  ropeRow(q, cfg_.heads, hd, c, s);
+  ropeRow(kt, cfg_.kvHeads, hd, c, s);
+  const int slot = in.slotMapping[t], block = slot / bs, offset = slot % bs;
+  for (int h = 0; h < cfg_.kvHeads; h++)  // keys dimension-major within the block (see pagedAttention)
+    for (int d = 0; d < hd; d++)
+      kc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * hd + d) * bs + offset] = store(kt[static_cast<size_t>(h) * hd + d]);
+  for (int h = 0; h < cfg_.kvHeads; h++)  // a head's values contiguous within the block: one stream per job
+    for (int d = 0; d < hd; d++)
+      vc[((static_cast<size_t>(block) * cfg_.kvHeads + h) * bs + offset) * hd + d] = store(vt[static_cast<size_t>(h) * hd + d]);
 }
 
 StepOutput Model::step(const StepInput& in) {

@@ -37,10 +37,12 @@ class Model : public Backend {
   };
   // `residual`: x_ += tmp_ first (the block before's output), in the same pass over the rows.
   void normThenLinear(const std::vector<float>& norm, std::initializer_list<Projection> outs, int T, bool residual);
-  // Row by row in one parallel pass (on 16 cores a region's fork and join cost more than these
-  // loops' work): x_ += tmp_ when `residual`, then xn_ = RMSNorm(x_), and in bfloat16 mode
-  // (bf16Kp > 0) xn_'s rows rounded into xbf16_ for the projections.
-  void residualNorm(const std::vector<float>& norm, int T, bool residual, int bf16Kp);
+  // Row t of a norm's pass: x_ += tmp_ when `residual`, then xn_ = RMSNorm(x_), and in bfloat16
+  // mode (bf16Kp > 0) xn_'s row rounded into xbf16_ for the projections (bfloat16 mode runs it
+  // in the projections' own parallel region: on 16 cores a region's fork and join cost more
+  // than this loop's work). residualNorm: every row, in a parallel loop of its own.
+  void normRow(const std::vector<float>& norm, int t, bool residual, int bf16Kp);
+  void residualNorm(const std::vector<float>& norm, int T, bool residual);
   // Whether w's matmul reads bf16-rounded rows (bfloat16 mode's pair tiles; not MLX or block-quantized).
   bool readsBf16Rows(const PackedMatrix& w) const;
   static void addBias(float* y, int T, const std::vector<float>& bias);
@@ -83,10 +85,11 @@ class Model : public Backend {
   size_t kvPoolBytes() const { return kvElems_ * dtypeBytes(cfg_.kvDtype); }
   void* kCache_ = nullptr;
   void* vCache_ = nullptr;
-  // What attention reads, row by row in one pass: the q/k norms (Qwen3), RoPE on q and k, and
-  // each row's k/v into its slot of layer l's pools, rounded to the pool's element E.
+  // What attention reads, for row t (run in attention's parallel region): the q/k norms
+  // (Qwen3), RoPE on q and k, and the row's k/v into its slot of layer l's pools, rounded to the
+  // pool's element E.
   template <class E>
-  void attentionInputs(int l, const StepInput& in);
+  void attentionInputRow(int l, const StepInput& in, int t);
   // Activations, grown to the largest step seen and reused.
   std::vector<uint16_t> xbf16_;  // bfloat16 mode: a matmul's input rows rounded
   std::vector<float> rows_, logits_, scoreLogits_, xpack_, x_, xn_, q_, kv_k_, kv_v_, attn_, tmp_, gate_, up_, cos_, sin_;

@@ -1,11 +1,19 @@
 // The forward pass's primitives, one function each.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 #include "kernels.h"
 #include "weights.h"
 
 namespace weft {
+
+// Work on each of a step's rows that the next operation reads, done inside that operation's own
+// parallel region before it: each row by one thread, then the region's barrier. On 16 cores a
+// region's fork and join cost more than such a loop's work.
+using RowPass = std::function<void(int row)>;
+// Inside a parallel region: rows(t) for every t < T across its threads, then a barrier (none without rows).
+void rowPassInRegion(const RowPass& rows, int T);
 
 // y[T, w.N] = x[T, w.K] · wᵀ, split across threads by column groups.
 // `scratch` holds the packed activations (grown as needed).
@@ -14,14 +22,16 @@ void matmulParallel(const Kernels& k, const float* x, int T, const PackedMatrix&
 // y = xp · wᵀ for activations already in the kernel layout (see packActivations).
 void matmulPacked(const Kernels& k, const float* xp, int T, const PackedMatrix& w, float* y);
 
-// bfloat16 mode (w in pair tiles): the rows of x rounded to bf16 into `scratch`, then y = x · wᵀ.
+// bfloat16 mode (w in pair tiles): the rows of x rounded to bf16 into `scratch`, then y = x · wᵀ
+// (in one parallel region).
 void matmulBf16(const Kernels& k, const float* x, int T, const PackedMatrix& w, float* y, std::vector<uint16_t>& scratch);
 
-// y = xp · wᵀ for bf16 rows already rounded (see packActivationsBf16), split across threads by column tiles.
-void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y);
+// y = xp · wᵀ for bf16 rows already rounded (see packRowBf16), split across threads by
+// column tiles; `rows`, when given, writes xp's rows first in the same region.
+void matmulPackedBf16(const Kernels& k, const uint16_t* xp, int T, const PackedMatrix& w, float* y, const RowPass& rows = {});
 // The same for several bf16 matrices of one K that read the same rows (q/k/v, gate/up): all their
 // column tiles split across the threads in one parallel region.
-void matmulPackedBf16Shared(const Kernels& k, const uint16_t* xp, int T, const std::vector<MatrixProduct>& products);
+void matmulPackedBf16Shared(const Kernels& k, const uint16_t* xp, int T, const std::vector<MatrixProduct>& products, const RowPass& rows = {});
 
 // float32 mode on pair tiles (k.matmulPairsF32): y = x · wᵀ, split across threads by column
 // tiles; rows whose K is short of w.Kp are padded with zeros into `scratch` first.
@@ -53,6 +63,7 @@ struct AttentionArgs {
   int numSeqs, heads, kvHeads, hd, blockSize, maxBlocks;
   float scale;
 };
-void pagedAttention(const Kernels& k, const AttentionArgs& a);
+// `inputs`, when given, prepares each query row (and its cache slot) first, in the same region.
+void pagedAttention(const Kernels& k, const AttentionArgs& a, const RowPass& inputs = {});
 
 }  // namespace weft

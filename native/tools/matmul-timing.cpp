@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
   std::vector<float> x(static_cast<size_t>(T) * K), y(static_cast<size_t>(T) * N);
   for (float& v : x) v = normal(rng);
   std::vector<uint16_t> xp(bf16 ? x.size() : 0);  // bf16: the rows rounded once, as a step's matmul input
-  if (bf16) packActivationsBf16(k, x.data(), T, K, K, xp.data());
+  for (int t = 0; bf16 && t < T; t++) packRowBf16(k, x.data() + static_cast<size_t>(t) * K, K, K, xp.data() + static_cast<size_t>(t) * K);
   std::vector<float> xf(fp32 ? x.size() : 0);  // float32 mode: the rows packed once, as a step's matmul input
   if (fp32) packActivations(x.data(), T, K, K, k.chunk, dt, xf.data());
   const auto call = [&](const PackedMatrix& w) {
