@@ -19,10 +19,10 @@ constexpr size_t kMinRunBytes = size_t{128} << 10;
 // OpenMP threads in runs, in order: a free thread claims the next max(shortest, remaining / (2 ×
 // threads)) units. Runs start long (a weight stream each) and shrink toward the end, where a
 // thread that fell behind, its core taken by another tenant on a shared host, is helped rather
-// than waited for: one fixed run a thread measured 12–22 % slower a 32-row step on the 16-core
-// AMX host (docs/PERFORMANCE.md, session 39). Each unit goes to one run(u0, u1) call, and the
-// kernels reduce each output in one fixed order: results do not depend on who takes what.
-// `rows` (T of them), when given, runs first in the same region (see RowPass).
+// than waited for: on the 16-core AMX host 32-row matmuls streamed 63–69 GB/s with one fixed run a
+// thread and 76–92 with claims (docs/PERFORMANCE.md, session 39). Each unit goes to one run(u0, u1)
+// call, and the kernels reduce each output in one fixed order: results do not depend on who takes
+// what. `rows` (T of them), when given, runs first in the same region (see RowPass).
 template <class Run>
 void claimRuns(int units, size_t unitBytes, Run run, const RowPass& rows = {}, int T = 0) {
   const int shortest = static_cast<int>(std::max<size_t>(1, kMinRunBytes / std::max<size_t>(1, unitBytes)));
