@@ -3,7 +3,7 @@
  * references (for each KV cache element), greedy continuations through the paged cache equal to the
  * reference's except at near-ties, a prefill split into chunks equal to one pass up to rounding,
  * batch invariance within its documented limit, a decode step's folded kernels against the unfolded
- * ones, a long row's attention split into chunks of keys
+ * ones, a row's bits across steps of 3 to 16 rows (the tensor-core GEMMs), a long row's attention split into chunks of keys
  * against the CPU's float32 path, the GPU's greedy sampling equal to the CPU sampler's, and the
  * device on /v1/models and in the start-up log. Where the addon has no CUDA
  * backend or no GPU is visible, the GPU tests skip with a printed notice (run `npm run test:cuda`
@@ -152,7 +152,7 @@ test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, 
 // A decode step (each row its sequence's one new token) folds the q/k/v epilogue into attention; a step
 // with a chunk of two tokens runs them as two kernels. A decode row must give the bits of the same
 // position as the first row of its sequence's two-token chunk. Both steps have two rows, so every
-// GEMM takes the skinny kernel in both (cuBLAS from three rows on sums in another order).
+// GEMM takes the skinny kernel in both (steps of more rows sum in another order).
 test("cuda: a decode step's rows (q/k/v epilogue folded into attention) give the bits of the same rows in a two-token chunk, for each KV element", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
   const chunk = (ids: number[], offset: number): RunnerSequence =>
@@ -168,6 +168,34 @@ test("cuda: a decode step's rows (q/k/v epilogue folded into attention) give the
     }
     await runner.dispose();
   }
+});
+
+// Steps of 3 to 16 rows take the tensor-core GEMMs (mmaRowsGemm), whose per-row arithmetic does not
+// depend on the row count, and attention's per-row bits do not either: a decode row gives the same
+// logits beside 2, 7, 8 or 15 other rows (both sides of the 8-row tile and of the few-row attention
+// path), close to the CPU's float32 path and to the two-row skinny kernel's.
+test("cuda: a decode row gives the same bits in steps of 3 to 16 rows (tensor-core GEMMs), close to float32 and to two rows", { skip }, async () => {
+  const dir = makeModel({ preset: "small", out: tempDir() });
+  const prompts = Array.from({ length: 16 }, (_, i) => Array.from({ length: 12 + i }, (_, j) => 100 + ((i * 131 + j * 37) % 4000)));
+  const offset = (i: number): number => 1 + i * 4;
+  const run = async (device: "cpu" | "cuda", sizes: number[]): Promise<Float32Array[]> => {
+    const kv = device === "cuda" ? "bfloat16" : "float32";
+    const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 80, blockSize: BLOCK, dtype: kv }, kv, device);
+    await runner.execute(prompts.map((p, i) => ({ ...prefill(p, offset(i)), allLogits: false })));
+    const out: Float32Array[] = [];
+    for (const n of sizes) out.push((await runner.execute(prompts.slice(0, n).map((p, i) => decode(p, offset(i))))).logits![0]!);
+    await runner.dispose();
+    return out;
+  };
+  const [three, eight, nine, sixteen, two] = await run("cuda", [3, 8, 9, 16, 2]);
+  const [cpu] = await run("cpu", [1]);
+  for (const [n, l] of [[8, eight!], [9, nine!], [16, sixteen!]] as const)
+    assert.equal(maxAbsDiff(three!, l), 0, `the row must give the same bits in a ${n}-row step as in a 3-row one`);
+  const scale = cpu!.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+  const vsCpu = maxAbsDiff(three!, cpu!), vsTwo = maxAbsDiff(three!, two!);
+  console.log(`cuda: a decode row in steps of 3-16 rows: max |Δlogit| against the CPU's float32 ${vsCpu.toExponential(3)}, against two rows ${vsTwo.toExponential(3)} (logit scale ${scale.toFixed(3)})`);
+  assert.ok(vsCpu / scale < 2e-2, `the 3-16-row path differs from float32 by ${vsCpu}`);
+  assert.ok(vsTwo / scale < 2e-2, `the 3-16-row path differs from the two-row path by ${vsTwo}`);
 });
 
 // A row past kAttnChunk (512) keys is split over blocks and merged (flash decoding): a decode row at

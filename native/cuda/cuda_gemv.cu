@@ -1,5 +1,5 @@
-// The GEMMs of steps of one or two rows: the skinny kernel, and the one-row GEMV that loads its weights
-// before it waits for its input (PDL); declared in cuda_kernels.h.
+// The GEMMs of steps of a few rows: the skinny kernel, the one-row GEMV that loads its weights before it
+// waits for its input (PDL), and the tensor-core kernel of up to kMmaRows rows; declared in cuda_kernels.h.
 #include "cuda_device.cuh"
 #include <stdexcept>
 #include <utility>
@@ -140,6 +140,80 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, cons
   }
 }
 
+// Steps of kSkinnyRows + 1 to kMmaRows rows: the tensor cores' m16n8k16 MMA with the weights as A (16
+// output columns a warp) and the rows as B (8 rows a tile, rows past T zero), fp32 accumulation. A
+// block's W warps split K in W equal parts, each running its 32-k steps in order, then the block adds
+// the warps' sums in warp order. Each lane loads 16 contiguous bytes of a weight row (and of a row of
+// x) a step and feeds them to two MMAs: the same permutation of k within each 32-k step for both
+// operands, so the products summed are the true ones. A row's result depends on K, N and its own
+// input alone (W is chosen from K and N), never on T or on the other rows: rows of every step from
+// kSkinnyRows + 1 to kMmaRows rows give the same bits.
+constexpr int kMmaSteps = 4;  // 32-k steps a warp loads before it multiplies (their loads in flight together)
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// NT tiles of 8 rows; W warps a block. Loads the block's weights before its PDL wait.
+template <int NT, int W>
+__global__ void __launch_bounds__(W * 32) mmaRowsKernel(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16, steps = K / (32 * W), k0 = warp * steps * 32;
+  // Weight rows n0 + g and n0 + g + 8 (the last row again past N: its results are not written).
+  const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(min(n0 + g, N - 1)) * K + k0) + t;
+  const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(min(n0 + g + 8, N - 1)) * K + k0) + t;
+  float acc[NT][4] = {};
+  uint4 ra[kMmaSteps], rb[kMmaSteps];
+  auto loadWeights = [&](int s0) {
+#pragma unroll
+    for (int i = 0; i < kMmaSteps; i++)
+      if (s0 + i < steps) ra[i] = __ldg(wa + 4 * (s0 + i)), rb[i] = __ldg(wb + 4 * (s0 + i));
+  };
+  loadWeights(0);
+  awaitPrerequisites();  // x (and y, when beta is not 0) come from the kernels before
+  for (int s0 = 0; s0 < steps; s0 += kMmaSteps) {
+    uint4 rx[kMmaSteps][NT];
+#pragma unroll
+    for (int i = 0; i < kMmaSteps; i++)
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        const int row = 8 * j + g;
+        rx[i][j] = s0 + i < steps && row < T ? *(reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * K + k0) + t + 4 * (s0 + i))
+                                             : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int i = 0; i < kMmaSteps; i++) {
+      if (s0 + i >= steps) break;
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        mma16816(acc[j], ra[i].x, rb[i].x, ra[i].y, rb[i].y, rx[i][j].x, rx[i][j].y);
+        mma16816(acc[j], ra[i].z, rb[i].z, ra[i].w, rb[i].w, rx[i][j].z, rx[i][j].w);
+      }
+    }
+    if (s0 + kMmaSteps < steps) loadWeights(s0 + kMmaSteps);
+  }
+  // acc[j]: columns n0 + g (0, 1) and n0 + g + 8 (2, 3) of rows 8j + 2t (0, 2) and 8j + 2t + 1 (1, 3).
+  __shared__ float part[W][16][8 * NT];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    part[warp][g][8 * j + 2 * t] = acc[j][0];
+    part[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    part[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    part[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < 16 * 8 * NT; o += W * 32) {
+    const int col = o % 16, row = o / 16, n = n0 + col;
+    if (row >= T || n >= N) continue;
+    float v = 0.0f;
+    for (int q = 0; q < W; q++) v += part[q][col][row];
+    float* out = y + static_cast<size_t>(row) * N + n;
+    *out = beta == 0.0f ? v : v + beta * *out;
+  }
+}
+
 constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
 using GemvKernel = void (*)(GemvInput, const bf16*, int, int, float*, float);
 template <GemvIn In, int C, int... Ls>
@@ -178,6 +252,23 @@ void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, flo
   if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   else skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   launched("skinnyGemm");
+}
+
+bool mmaRowsGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (T <= kSkinnyRows || T > kMmaRows || K % 256 != 0) return false;
+  // 16 warps a block where 8 would leave multiprocessors idle (the o and down projections: N / 16
+  // blocks); chosen from N and K alone, so a row's bits do not depend on T.
+  const int tiles = (N + 15) / 16;
+  const bool wide = tiles < 2 * smCount() && K % 512 == 0;
+  const dim3 grid(tiles);
+  if (T <= 8) {
+    if (wide) launchPdl("mmaRowsGemm", true, mmaRowsKernel<1, 16>, grid, dim3(16 * 32), 0, s, x, T, w, N, K, y, beta);
+    else launchPdl("mmaRowsGemm", true, mmaRowsKernel<1, 8>, grid, dim3(8 * 32), 0, s, x, T, w, N, K, y, beta);
+  } else {
+    if (wide) launchPdl("mmaRowsGemm", true, mmaRowsKernel<2, 16>, grid, dim3(16 * 32), 0, s, x, T, w, N, K, y, beta);
+    else launchPdl("mmaRowsGemm", true, mmaRowsKernel<2, 8>, grid, dim3(8 * 32), 0, s, x, T, w, N, K, y, beta);
+  }
+  return true;
 }
 
 bool normedGemv(const float* x, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {

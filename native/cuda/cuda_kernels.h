@@ -67,7 +67,7 @@ __host__ __device__ inline int attentionChunks(int keys) { return (keys + kAttnC
 // y (T × N, fp32) = x (T × K, bf16) · wᵀ (N × K, bf16) + beta · y, for one or two rows (T <= kSkinnyRows,
 // K a multiple of 8): one warp per output column streams its weight row once with 16-byte loads, so a
 // decode step of one or two sequences reads the weights at close to the memory's bandwidth. From three
-// rows on cuBLAS's GEMM is the faster (H200, qwen3-0.6b decode steps at 128 keys, backend µs a step,
+// rows on it loses to the tensor cores (H200, qwen3-0.6b decode steps at 128 keys, backend µs a step,
 // this kernel → cuBLAS: 3 rows 1,519 → 1,441, 4 rows 1,589 → 1,429, 6 rows 2,131 → 1,399, 8 rows 2,459 →
 // 1,338; 2 rows 1,239 → 1,475): at 6 and 8 rows this kernel was compute-bound.
 constexpr int kSkinnyRows = 2;
@@ -75,6 +75,12 @@ constexpr int kSkinnyRows = 2;
 // fold the q/k/v epilogue into attention (decodeAttention).
 constexpr int kFewRows = 8;
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
+// y = x · wᵀ + beta · y as skinnyGemm, for kSkinnyRows + 1 to kMmaRows rows (K a multiple of 256) on the
+// tensor cores, streaming each weight once (H200, backend µs a step, cuBLAS → this kernel: 3 rows 1,460
+// → 1,060, 8 rows 1,336 → 1,117, 16 rows 1,452 → 1,400). A row's bits are the same at every row count
+// in that range. False (nothing launched) for other row counts or K.
+constexpr int kMmaRows = 16;
+bool mmaRowsGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
 
 // One row: y (N, fp32) = bf16(RMSNorm(x) · norm) · wᵀ + beta · y in one kernel, the same bits as
 // rmsnormToBf16 and then skinnyGemm. False (nothing launched) unless K is a multiple of 256, at most 4096.

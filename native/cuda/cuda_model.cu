@@ -241,11 +241,12 @@ class CudaModel : public Backend {
 
   // y (T × N, fp32) = x (T × K, bf16) · wᵀ (w: N × K, bf16, row-major) + beta · y. One or two rows
   // (decode steps of one or two sequences) go to the skinny kernel, which streams the weights at the
-  // memory's pace; more rows to cuBLAS on the tensor cores (kSkinnyRows says why). A row's result
-  // can therefore differ in the last bits between steps of up to kSkinnyRows rows and larger ones
-  // (see docs/GPU.md, batch invariance).
+  // memory's pace; up to kMmaRows rows to the tensor-core kernel that streams them too; more to
+  // cuBLAS. A row's result can therefore differ in the last bits between steps whose row counts take
+  // different paths (see docs/GPU.md, batch invariance).
   void gemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
     if (T <= cuda::kSkinnyRows && K % 8 == 0) return cuda::skinnyGemm(x, T, w, N, K, y, beta, stream_);
+    if (cuda::mmaRowsGemm(x, T, w, N, K, y, beta, stream_)) return;
     const float alpha = 1.0f;
     check(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF, K, &beta, y,
                        CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
