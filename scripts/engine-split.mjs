@@ -6,7 +6,7 @@
 //   node scripts/engine-split.mjs --model DIR [--sequences 32] [--prompt 128] [--output 128] [--runs 2]
 import { parseArgs } from "node:util";
 import { performance } from "node:perf_hooks";
-import { createModel, DEFAULT_ENGINE_CONFIG, kvBytesPerBlock } from "../dist/src/engine/engine-manager.js";
+import { loadWeft } from "../dist/src/bench/peer.js";
 import { runLevel } from "../dist/src/bench/offline.js";
 import { syntheticPrompts } from "../dist/src/bench/workload.js";
 import { attributeStep, summarize } from "../dist/src/bench/stats.js";
@@ -20,21 +20,13 @@ if (!o.model) throw new Error("usage: node scripts/engine-split.mjs --model DIR 
 const n = Number(o.sequences), promptLen = Number(o.prompt), outputLen = Number(o.output), config = readModelConfig(o.model);
 const totals = () => ({ prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 });
 const steps = totals(), byKind = new Map();
-// As bench peer sizes it: a step of up to 512 tokens, KV blocks for every sequence, no prefix cache.
-const m = await createModel("weft", o.model, {
-  ...DEFAULT_ENGINE_CONFIG, device: "cpu", maxNumSeqs: n, maxNumBatchedTokens: 512, enablePrefixCaching: false,
-  kvCacheMemory: kvBytesPerBlock(config, 32) * (Math.ceil((promptLen + outputLen) / 32) * n + 2),
-}, {
-  observer: () => ({
-    step: (s, rows) => {
-      attributeStep(steps, s, rows);
-      const kind = rows.prefill > 0 ? "with prefill" : `${rows.decode} decode`;
-      const k = byKind.get(kind) ?? { count: 0, seconds: 0 };
-      byKind.set(kind, { count: k.count + 1, seconds: k.seconds + s });
-    },
-  }),
-  log: () => {},
-});
+// The engine bench peer runs (its default 512-token prefill sizes the steps).
+const m = await loadWeft(o.model, { concurrency: [n], promptLen, outputLen, prefillLen: 512 }, (s, rows) => {
+  attributeStep(steps, s, rows);
+  const kind = rows.prefill > 0 ? "with prefill" : `${rows.decode} decode`;
+  const k = byKind.get(kind) ?? { count: 0, seconds: 0 };
+  byKind.set(kind, { count: k.count + 1, seconds: k.seconds + s });
+}, () => {});
 await runLevel(m, syntheticPrompts({ numPrompts: 2, promptLen: 16, vocab: config.vocab, seed: 1 }), 2, 2, totals()); // warm-up
 const ms = (k) => (k ? (k.seconds / k.count * 1000).toFixed(2) : "-");
 for (let r = 0; r < Number(o.runs); r++) {

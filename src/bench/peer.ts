@@ -136,18 +136,23 @@ function benchFiles(o: PeerOptions, say: Say, dtypes: readonly GgufDType[]): { m
   return { modelDir, ggufs };
 }
 
+/** What the engine's observer hears of each step: its seconds and its rows. */
+type StepObserver = (seconds: number, rows: { prefill: number; decode: number }) => void;
+
 /**
  * Weft's engine on `model` (a checkpoint directory or GGUF file), sized for the bench's sequences and
- * prefill, on the CPU as llama.cpp is here (`auto` would pick a GPU on a CUDA build).
+ * prefill, on the CPU as llama.cpp is here (`auto` would pick a GPU on a CUDA build); `step` hears of
+ * each step (scripts/engine-split.mjs runs the same engine).
  */
-async function loadWeft(model: string, o: PeerOptions, steps: StepTotals, say: Say): Promise<LoadedModel> {
+export async function loadWeft(model: string, o: Pick<PeerOptions, "concurrency" | "promptLen" | "outputLen" | "prefillLen">, step: StepObserver,
+  say: Say): Promise<LoadedModel> {
   const config = model.endsWith(".gguf") ? ggufModelConfig(readGguf(model)) : checkpointConfig(model);
   const maxN = Math.max(...o.concurrency);
   return createModel("weft", model, {
     ...DEFAULT_ENGINE_CONFIG, device: "cpu", maxNumSeqs: maxN, maxNumBatchedTokens: Math.max(o.prefillLen, DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens),
     kvCacheMemory: kvBytesPerBlock(config, 32) * (Math.ceil((o.promptLen + o.outputLen) / 32) * maxN + Math.ceil(o.prefillLen / 32) + 2),
     enablePrefixCaching: false,
-  }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
+  }, { observer: () => ({ step }), log: say });
 }
 
 const round2 = (x: number): number => Math.round(x * 100) / 100;
@@ -173,7 +178,7 @@ export async function peerBench(o: PeerOptions): Promise<void> {
   say("measuring the machine's rooflines…");
   const rooflines = await measureRooflines();
   const steps: StepTotals = { prefillSeconds: 0, decodeSeconds: 0, prefillTokens: 0, decodeTokens: 0 };
-  const m = await loadWeft(modelDir, o, steps, say);
+  const m = await loadWeft(modelDir, o, (sec, rows) => attributeStep(steps, sec, rows), say);
   const prefillPrompt = syntheticPrompts({ numPrompts: 1, promptLen: o.prefillLen, vocab: m.checkpoint.config.vocab, seed: 99 })[0]!;
   await runLevel(m, [prefillPrompt.slice(0, 16)], 2, 1, steps); // warm-up
 
@@ -250,7 +255,7 @@ async function peerBenchQuantized(o: PeerOptions, types: readonly LlamaQuantType
   let dtype = "", modelDesc: ReturnType<typeof modelInfo> | undefined;
   for (const [i, type] of types.entries()) {
     const file = files[i]!;
-    const m = await loadWeft(file, o, steps, say);
+    const m = await loadWeft(file, o, (sec, rows) => attributeStep(steps, sec, rows), say);
     dtype = m.runner.info().dtype;
     modelDesc = modelInfo(m.checkpoint);
     // Bytes a step reads: Weft's as it holds them (the amx set widens Q6_K), llama.cpp's as the file stores them.
