@@ -262,14 +262,8 @@ bool mmaRowsGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, fl
   // blocks); chosen from N and K alone, so a row's bits do not depend on T.
   const int tiles = (N + 15) / 16;
   const bool wide = tiles < 2 * smCount() && K % 512 == 0;
-  const dim3 grid(tiles);
-  if (T <= 8) {
-    if (wide) launchPdl("mmaRowsGemm", true, mmaRowsKernel<1, 16>, grid, dim3(16 * 32), 0, s, x, T, w, N, K, y, beta);
-    else launchPdl("mmaRowsGemm", true, mmaRowsKernel<1, 8>, grid, dim3(8 * 32), 0, s, x, T, w, N, K, y, beta);
-  } else {
-    if (wide) launchPdl("mmaRowsGemm", true, mmaRowsKernel<2, 16>, grid, dim3(16 * 32), 0, s, x, T, w, N, K, y, beta);
-    else launchPdl("mmaRowsGemm", true, mmaRowsKernel<2, 8>, grid, dim3(8 * 32), 0, s, x, T, w, N, K, y, beta);
-  }
+  const auto kernel = T <= 8 ? (wide ? mmaRowsKernel<1, 16> : mmaRowsKernel<1, 8>) : (wide ? mmaRowsKernel<2, 16> : mmaRowsKernel<2, 8>);
+  launchPdl("mmaRowsGemm", true, kernel, dim3(tiles), dim3((wide ? 16 : 8) * 32), 0, s, x, T, w, N, K, y, beta);
   return true;
 }
 
