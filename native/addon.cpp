@@ -213,6 +213,7 @@ StepInput parseStep(const Napi::Object& o) {
   in.scoreTargets = typed<int32_t, napi_int32_array>(o, "scoreTargets", in.scoreRows.size(), "Int32Array");
   in.scoreTopN = typed<int32_t, napi_int32_array>(o, "scoreTopN", in.scoreRows.size(), "Int32Array");
   in.returnLogits = o.Get("returnLogits").ToBoolean();
+  if (o.Has("decodeSteps") && !o.Get("decodeSteps").IsUndefined()) in.decodeSteps = intField(o, "decodeSteps");
   return in;
 }
 
@@ -273,7 +274,7 @@ class StepWorker : public Napi::AsyncWorker {
 
   void Execute() override {
     try {
-      const auto run = [this] { out_ = model_->step(in_); };
+      const auto run = [this] { out_ = runDecodeSteps(*model_, in_); };
       if (model_->needsComputeThread()) runOnComputeThread(run);
       else run();
     } catch (const std::exception& e) {

@@ -11,7 +11,87 @@ void require(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("invalid step input: " + what);
 }
 
+// Multi-step decode (StepInput::decodeSteps): one sampled row a sequence, and block tables that
+// hold every sub-step's position.
+void validateDecodeSteps(const ModelConfig& cfg, const StepInput& in) {
+  require(in.decodeSteps >= 1 && in.decodeSteps <= kMaxDecodeSteps, "decodeSteps must be between 1 and " + std::to_string(kMaxDecodeSteps));
+  if (in.decodeSteps == 1) return;
+  const size_t T = in.tokens.size(), B = in.seqStarts.size() - 1;
+  require(B == T && in.sampleRows.size() == T, "decode steps need one sampled row per sequence");
+  for (size_t i = 0; i < T; i++) {
+    require(in.sampleRows[i] == static_cast<int32_t>(i) && in.maskOffsets[i] == -1, "decode steps sample every row in order, without masks");
+    const int last = in.positions[i] + in.decodeSteps;  // context length after the last sub-step
+    require(in.contextLens[i] == in.positions[i] + 1, "a decode row is its sequence's last token");
+    require((last + cfg.blockSize - 1) / cfg.blockSize <= in.maxBlocks, "the block table does not hold every decode step");
+    for (int b = 0; b < (last + cfg.blockSize - 1) / cfg.blockSize; b++) {
+      const int32_t id = in.blockTables[i * in.maxBlocks + b];
+      require(id >= 0, "the block table does not hold every decode step");
+      require(id < cfg.numBlocks, "block id out of range");
+    }
+  }
+  require(in.scoreRows.empty() && !in.returnLogits, "decode steps return no logits or prompt scores");
+}
+
+// The next sub-step of a multi-step decode: each row's token is the one it sampled (0 after a failure),
+// at the next position, with its seed's counter and its penalties' output tokens advanced.
+void advanceDecodeStep(const ModelConfig& cfg, StepInput& in, const StepOutput& prev) {
+  const size_t T = in.tokens.size();
+  const int bs = cfg.blockSize;
+  std::vector<int32_t> outputs;
+  std::vector<int32_t> offsets{0};
+  for (size_t i = 0; i < T; i++) {
+    const int32_t token = prev.tokens[i] >= 0 ? prev.tokens[i] : 0;
+    const int pos = ++in.positions[i];
+    in.tokens[i] = token;
+    in.contextLens[i] = pos + 1;
+    in.slotMapping[i] = in.blockTables[i * in.maxBlocks + pos / bs] * bs + pos % bs;
+    in.params[i].counter++;
+    outputs.insert(outputs.end(), in.outputTokens.begin() + in.outputOffsets[i], in.outputTokens.begin() + in.outputOffsets[i + 1]);
+    outputs.push_back(token);
+    offsets.push_back(static_cast<int32_t>(outputs.size()));
+  }
+  in.outputTokens = std::move(outputs);
+  in.outputOffsets = std::move(offsets);
+}
+
+template <class T>
+void append(std::vector<T>& to, const std::vector<T>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
 }  // namespace
+
+StepOutput runDecodeSteps(Backend& m, StepInput in) {
+  const int steps = in.decodeSteps;
+  if (steps == 1) return m.step(in);
+  validateStep(m.config(), in);  // the whole run's checks, which its single steps do not repeat
+  StepOutput out;
+  if (m.decodeOnDevice(in, out)) return out;
+  in.decodeSteps = 1;
+  out = m.step(in);
+  const StepOutput* prev = &out;
+  std::vector<const char*> failed(out.rowErrors);
+  std::vector<StepOutput> later;
+  later.reserve(steps - 1);
+  for (int j = 1; j < steps; j++) {
+    advanceDecodeStep(m.config(), in, *prev);
+    later.push_back(m.step(in));
+    StepOutput& o = later.back();
+    for (size_t i = 0; i < failed.size(); i++) {
+      if (failed[i]) o.rowErrors[i] = failed[i], o.tokens[i] = -1;
+      else failed[i] = o.rowErrors[i];
+    }
+    prev = &o;
+  }
+  for (const StepOutput& o : later) {
+    append(out.tokens, o.tokens);
+    append(out.rowErrors, o.rowErrors);
+    append(out.logprobs, o.logprobs);
+    append(out.topIds, o.topIds);
+    append(out.topLogprobs, o.topLogprobs);
+  }
+  return out;
+}
 
 void validateStep(const ModelConfig& cfg, const StepInput& in) {
   const size_t T = in.tokens.size();
@@ -60,6 +140,7 @@ void validateStep(const ModelConfig& cfg, const StepInput& in) {
     for (size_t i = 0; i < S; i++) require((*offs)[i] >= 0 && (*offs)[i] <= (*offs)[i + 1], "penalty offsets not monotonic");
   require(static_cast<size_t>(in.promptOffsets[S]) <= in.promptTokens.size() &&
               static_cast<size_t>(in.outputOffsets[S]) <= in.outputTokens.size(), "penalty offsets past their tokens");
+  validateDecodeSteps(cfg, in);
 }
 
 StepOutput beginSampling(const StepInput& in) {

@@ -66,7 +66,14 @@ struct StepInput {
   // and give their top scoreTopN[i]. Reduced per row in the step, a few rows at a time: no (rows × vocab) output.
   std::vector<int32_t> scoreRows, scoreTargets, scoreTopN;  // (R)
   bool returnLogits = false;
+  // Decode steps run back to back in one call (vLLM's multi-step scheduling): every sequence is one
+  // sampled row whose next step's token is what this one sampled, at the next position (its slot
+  // from the block table, which covers them all), with its seed's counter and its penalties' output
+  // tokens advanced. Results come sub-step after sub-step (StepOutput's arrays are decodeSteps times
+  // as long). No masks, logits or prompt scores. 1: one ordinary step.
+  int decodeSteps = 1;
 };
+constexpr int kMaxDecodeSteps = 64;
 
 struct StepOutput {
   std::vector<int32_t> tokens;       // (S) sampled ids, -1 where the row failed
@@ -113,6 +120,10 @@ class Backend {
   // Throws what step() would for an invalid batch.
   virtual bool launch(const StepInput&) { return false; }
   virtual StepOutput step(const StepInput& in) = 0;
+  // A multi-step decode (StepInput::decodeSteps > 1, already validated) run by the backend itself into
+  // `out`, or false to have runDecodeSteps run it one step() at a time. The CUDA backend runs every
+  // step on the GPU, each fed the tokens the one before sampled there, when every row is sampled there.
+  virtual bool decodeOnDevice(const StepInput&, StepOutput&) { return false; }
   virtual size_t kvCacheBytes() const = 0;
   // Bytes of the weight matrices as the backend holds them: what one decode step reads.
   virtual size_t weightBytes() const = 0;
@@ -126,5 +137,10 @@ class Backend {
   // one thread hand-off fewer each way.
   virtual bool needsComputeThread() const { return true; }
 };
+
+// in.decodeSteps steps of `m` (see StepInput::decodeSteps; one is m.step(in)), each sub-step's outputs
+// after the one before; a row that fails goes on with token 0 and reports its first error in every
+// later sub-step.
+StepOutput runDecodeSteps(Backend& m, StepInput in);
 
 }  // namespace weft

@@ -25,10 +25,12 @@ import { isLlamaQuantType, LLAMA_FTYPES, type LlamaQuantType } from "./bench/lla
 import fs from "node:fs";
 import path from "node:path";
 
-export function intArg(name: string, min = 0): (v: string) => number {
+export function intArg(name: string, min = 0, max = Number.POSITIVE_INFINITY): (v: string) => number {
   return (v) => {
     const n = Number(v);
-    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`${name} must be an integer ≥ ${min}`);
+    if (!Number.isInteger(n) || n < min || n > max) {
+      throw new InvalidArgumentError(`${name} must be an integer ${max === Number.POSITIVE_INFINITY ? `≥ ${min}` : `from ${min} to ${max}`}`);
+    }
     return n;
   };
 }
@@ -158,7 +160,7 @@ const serveCommand = program
 for (const f of ENGINE_FLAGS) {
   if (f.kind === "negatable") serveCommand.option(f.flag, f.description);
   else if (f.kind === "choice") serveCommand.addOption(new Option(f.flag, f.description).choices(f.choices!).default(DEFAULT_ENGINE_CONFIG[f.key]));
-  else serveCommand.option(f.flag, f.description, f.kind === "int" ? intArg(f.flag.split(" ")[0]!, f.min) : numArg(f.flag.split(" ")[0]!, f.min, f.max), DEFAULT_ENGINE_CONFIG[f.key] as number);
+  else serveCommand.option(f.flag, f.description, f.kind === "int" ? intArg(f.flag.split(" ")[0]!, f.min, f.max) : numArg(f.flag.split(" ")[0]!, f.min, f.max), DEFAULT_ENGINE_CONFIG[f.key] as number);
 }
 serveCommand.action(async (o: Omit<ServeOptions, "engine">) => (await import("./commands/serve.js")).serve({ ...o, engine: engineConfigFromOptions(o as unknown as Record<string, unknown>) }));
 
@@ -210,6 +212,7 @@ bench
   .option("--mode <mode>", "sweep | compare (sequential vs all together)", "sweep")
   .option("--kv-cache-memory <bytes>", "KV cache bytes", intArg("--kv-cache-memory", 1))
   .option("--max-num-batched-tokens <n>", "tokens per step", intArg("--max-num-batched-tokens", 1))
+  .option("--num-scheduler-steps <n>", "decode steps run back to back in one call while every request decodes", intArg("--num-scheduler-steps", 1, 64))
   .option("--json <file>", "write the results as JSON")
   .addOption(dtypeOption())
   .addOption(deviceOption())

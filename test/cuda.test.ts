@@ -151,20 +151,27 @@ test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, 
 
 // A decode step (each row its sequence's one new token) folds the q/k/v epilogue into attention; a step
 // with a chunk of two tokens runs them as two kernels. A decode row must give the bits of the same
-// position as the first row of its sequence's two-token chunk. Both steps have two rows, so every
-// GEMM takes the skinny kernel in both (steps of more rows sum in another order).
+// position as the first row of its sequence's two-token chunk. Every step has at most two rows, so
+// every GEMM takes the skinny kernel (steps of more rows sum in another order). The fold loads its
+// first keys before its PDL wait and takes its new key from shared memory: the short prompts' new key
+// falls in that first load, the 530-token one's too but in a second chunk of 512 keys, and the
+// 800-token one's in a later load of the second chunk (read back from the cache).
 test("cuda: a decode step's rows (q/k/v epilogue folded into attention) give the bits of the same rows in a two-token chunk, for each KV element", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
   const chunk = (ids: number[], offset: number): RunnerSequence =>
     ({ ...decode(ids, offset), tokenIds: [ids.length % 97, 5], blockTable: blocks(ids.length + 2, offset) });
+  const long = (n: number): number[] => Array.from({ length: n }, (_, i) => (i * 131) % 5000);
+  const pairs = [[[promptA, 1], [promptB, 20]], [[long(800), 30], [long(530), 31]]] as const;
   for (const kv of ["bfloat16", "float16", "float32"] as const) {
-    const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: kv }, "bfloat16", "cuda");
-    await runner.execute([prefill(promptA, 1), prefill(promptB, 20)]);
-    const folded = (await runner.execute([decode(promptA, 1), decode(promptB, 20)])).logits!;
-    for (const [i, ids, offset] of [[0, promptA, 1], [1, promptB, 20]] as const) {
-      const split = (await runner.execute([chunk(ids, offset)])).logits![0]!;
-      assert.equal(split.length, 2 * folded[i]!.length, "the chunk's two rows");
-      assert.equal(maxAbsDiff(folded[i]!, split.subarray(0, folded[i]!.length)), 0, `KV ${kv}: decode row ${i} must not depend on the fold`);
+    const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 160, blockSize: BLOCK, dtype: kv }, "bfloat16", "cuda");
+    for (const pair of pairs) {
+      for (const [ids, offset] of pair) await runner.execute([{ ...prefill(ids, offset), allLogits: false }]);
+      const folded = (await runner.execute(pair.map(([ids, offset]) => decode(ids, offset)))).logits!;
+      for (const [i, [ids, offset]] of pair.entries()) {
+        const split = (await runner.execute([chunk(ids, offset)])).logits![0]!;
+        assert.equal(split.length, 2 * folded[i]!.length, "the chunk's two rows");
+        assert.equal(maxAbsDiff(folded[i]!, split.subarray(0, folded[i]!.length)), 0, `KV ${kv}: decode row of ${ids.length} tokens must not depend on the fold`);
+      }
     }
     await runner.dispose();
   }
@@ -239,4 +246,32 @@ test("--device: auto picks cuda exactly when a GPU is visible; cuda computes in 
   } finally {
     await s.close();
   }
+});
+
+// Multi-step decode (NativeStepInput.decodeSteps): rows all sampled on the GPU run every step there,
+// each fed the tokens the step before sampled on the device (decodeOnDevice); a row asking for
+// log-probs takes the step-by-step path through the CPU sampler. Either way, the tokens and log-probs
+// of single steps.
+test("cuda: decode steps run back to back (on the GPU, or step by step) give the tokens and log-probs of single steps", { skip }, async () => {
+  const dir = makeModel({ preset: "small", out: tempDir() });
+  const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: "bfloat16" }, "bfloat16", "cuda");
+  const prompts = [promptA, promptB];
+  const table = (i: number): number[] => Array.from({ length: 8 }, (_, b) => 1 + 8 * i + b);
+  const generate = async (logprobs: number, k: number): Promise<{ tokenId: number; logprob: number }[][]> => {
+    const params = defaultSamplingParams({ temperature: 0, maxTokens: 64, logprobs });
+    const sample = (p: number[], outputs: number[]) => ({ params, counter: outputs.length, promptIds: p, outputIds: outputs });
+    const first = await runner.execute(prompts.map((p, i) => ({ tokenIds: p, startPosition: 0, blockTable: table(i), sample: sample(p, []) })));
+    const out = first.samples.map((s) => [s!]);
+    while (out[0]!.length < 22) {
+      const seqs = out.map((o, i) => {
+        const ids = o.map((s) => s.tokenId);
+        return { tokenIds: [ids[ids.length - 1]!], startPosition: prompts[i]!.length + ids.length - 1, blockTable: table(i), sample: sample(prompts[i]!, ids) };
+      });
+      const r = await runner.execute(seqs, k);
+      for (const step of [r, ...(r.following ?? [])]) step.samples.forEach((s, i) => out[i]!.push(s!));
+    }
+    return out.map((o) => o.map((s) => ({ tokenId: s.tokenId, logprob: s.logprob })));
+  };
+  for (const logprobs of [0, 2]) assert.deepEqual(await generate(logprobs, 7), await generate(logprobs, 1), `logprobs ${logprobs}`);
+  await runner.dispose();
 });

@@ -103,7 +103,23 @@ __global__ void greedyMergeKernel(const float* logits, int vocab, const GreedyPa
   if (lane == 0) out[r] = {arg, finite ? logits[static_cast<size_t>(r) * vocab + arg] - (best + logf(sum)) : 0.0f, finite};
 }
 
+__global__ void advanceDecodeKernel(const Greedy* sampled, int T, const int32_t* tables, int maxBlocks, int blockSize,
+                                    int32_t* tokens, int32_t* positions, int32_t* slots) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= T) return;
+  const Greedy g = sampled[i];
+  tokens[i] = g.finite ? g.token : 0;
+  const int p = ++positions[i];
+  slots[i] = tables[static_cast<size_t>(i) * maxBlocks + p / blockSize] * blockSize + p % blockSize;
+}
+
 }  // namespace
+
+void advanceDecode(const Greedy* sampled, int T, const int32_t* tables, int maxBlocks, int blockSize, int32_t* tokens,
+                   int32_t* positions, int32_t* slots, cudaStream_t s) {
+  advanceDecodeKernel<<<(T + 255) / 256, 256, 0, s>>>(sampled, T, tables, maxBlocks, blockSize, tokens, positions, slots);
+  launched("advance decode");
+}
 
 void embed(const int32_t* tokens, int T, const bf16* table, int hidden, float* x, cudaStream_t s) {
   embedKernel<<<T, 256, 0, s>>>(tokens, table, hidden, x);

@@ -109,4 +109,10 @@ struct GreedyPart {
 };
 void greedy(const float* logits, int S, int vocab, GreedyPart* parts, Greedy* out, cudaStream_t s);
 
+// The next step of a multi-step decode (StepInput::decodeSteps), in the step's device inputs: row i (its
+// sequence's one row) takes the token it sampled (0 where its logits were not finite), the next position,
+// and that position's slot from its block table (row i's, maxBlocks wide).
+void advanceDecode(const Greedy* sampled, int T, const int32_t* tables, int maxBlocks, int blockSize, int32_t* tokens,
+                   int32_t* positions, int32_t* slots, cudaStream_t s);
+
 }  // namespace weft::cuda

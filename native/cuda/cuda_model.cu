@@ -219,14 +219,35 @@ class CudaModel : public Backend {
     launched_ = false;
     StepOutput out = beginSampling(in);
     const double sampling = sample(in, static_cast<int>(in.sampleRows.size()), out);
-    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    // GPU work is asynchronous: without WEFT_CUDA_PROFILE=1 the forward pass and the transfers are
-    // timed as a whole, under `other`; `sampling` is the CPU sampler's share (rows not sampled on the GPU).
-    profile_.sampling += sampling;
-    profile_.other += total - sampling - collectSpans();
-    profile_.steps++;
-    profile_.tokens += static_cast<long>(in.tokens.size());
+    account(in, 1, sampling);
     return out;
+  }
+
+  // Every step of the run on the GPU, back to back: after the first (launched like any step), a kernel
+  // writes each row's sampled token, next position and slot into the step's device inputs and the
+  // forward pass runs again (its graph replayed); each step's argmax rows are copied back behind it,
+  // and the host waits once, at the end.
+  bool decodeOnDevice(const StepInput& in, StepOutput& out) override {
+    const int T = static_cast<int>(in.tokens.size()), k = in.decodeSteps;
+    for (int i = 0; i < T; i++)
+      if (!greedyOnGpu(in, i)) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!launched_) begin(in, false);
+    launched_ = false;
+    hostGreedy_.grow(static_cast<size_t>(k) * T);
+    for (int j = 0; j < k; j++) {
+      if (j > 0) {
+        int32_t* ints = ints_.get();  // tokens_, positions_ and slots_ (uploadStep's layout)
+        cuda::advanceDecode(greedy_.get(), T, tables_, in.maxBlocks, cfg_.blockSize, ints, ints + T, ints + 2 * T, stream_);
+        run(in, T, T, T);
+      }
+      check(cudaMemcpyAsync(hostGreedy_.get() + static_cast<size_t>(j) * T, greedy_.get(), T * sizeof(cuda::Greedy), cudaMemcpyDeviceToHost, stream_),
+            "copy back");
+    }
+    check(cudaStreamSynchronize(stream_), "step");
+    out = stepsOutput(in, hostGreedy_.get());
+    account(in, k, 0.0);
+    return true;
   }
 
  private:
@@ -480,6 +501,40 @@ class CudaModel : public Backend {
     }
     if (in.returnLogits) out.logits.assign(logits, logits + S * V);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  // A multi-step decode's outputs from its steps' argmax rows (k · T, step after step): a row whose
+  // logits were not finite, or whose parameters are invalid, fails in that step and every later one.
+  static StepOutput stepsOutput(const StepInput& in, const cuda::Greedy* sampled) {
+    const int T = static_cast<int>(in.tokens.size()), k = in.decodeSteps;
+    const StepOutput first = beginSampling(in);
+    StepOutput out;
+    out.tokens.assign(static_cast<size_t>(k) * T, -1);
+    out.logprobs.assign(static_cast<size_t>(k) * T, 0.0f);
+    out.rowErrors.assign(static_cast<size_t>(k) * T, nullptr);
+    for (int i = 0; i < T; i++) {
+      const char* error = first.rowErrors[i];
+      for (int j = 0; j < k; j++) {
+        const size_t at = static_cast<size_t>(j) * T + i;
+        if (!error && !sampled[at].finite) error = "the model produced non-finite logits";
+        out.rowErrors[at] = error;
+        if (error) continue;
+        out.tokens[at] = sampled[at].token;
+        out.logprobs[at] = sampled[at].logprob;
+      }
+    }
+    return out;
+  }
+
+  // A call's time and tokens in the profile: GPU work is asynchronous, so without WEFT_CUDA_PROFILE=1
+  // the forward passes and the transfers are timed as a whole, under `other`; `sampling` is the CPU
+  // sampler's share (rows not sampled on the GPU).
+  void account(const StepInput& in, int steps, double sampling) {
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    profile_.sampling += sampling;
+    profile_.other += total - sampling - collectSpans();
+    profile_.steps += steps;
+    profile_.tokens += static_cast<long>(in.tokens.size()) * steps;
   }
 
   void release() {

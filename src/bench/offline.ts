@@ -28,6 +28,8 @@ export interface OfflineBenchOptions {
   dtype?: EngineConfig["dtype"];
   /** Where the model runs (default: the engine's default, auto). */
   device?: EngineConfig["device"];
+  /** Decode steps a call (--num-scheduler-steps; default: the engine's, 1). */
+  numSchedulerSteps?: number;
   /** Print progress and tables (off in tests). */
   quiet?: boolean;
 }
@@ -94,6 +96,7 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
     enablePrefixCaching: (o.prefixLen ?? 0) > 0,
     dtype: o.dtype ?? DEFAULT_ENGINE_CONFIG.dtype,
     device: o.device ?? DEFAULT_ENGINE_CONFIG.device,
+    numSchedulerSteps: o.numSchedulerSteps ?? DEFAULT_ENGINE_CONFIG.numSchedulerSteps,
   }, { observer: () => ({ step: (s, rows) => attributeStep(steps, s, rows) }), log: say });
   const vocab = m.checkpoint.config.vocab;
   const prompts = o.promptLen
@@ -117,7 +120,8 @@ export async function offlineBench(o: OfflineBenchOptions): Promise<OfflineBench
   const report: OfflineBenchReport = {
     machine: machineInfo(), model: modelInfo(m.checkpoint), dtype, device, rooflines,
     roofline_share: rooflines ? results.map((r) => rooflineShare(rooflines, m.checkpoint, m.runner.info(), r)) : [],
-    workload: { num_prompts: o.numPrompts, prompt_len: o.promptLen ?? "builtin", output_len: o.outputLen, prefix_len: o.prefixLen ?? 0, mode: o.mode },
+    workload: { num_prompts: o.numPrompts, prompt_len: o.promptLen ?? "builtin", output_len: o.outputLen, prefix_len: o.prefixLen ?? 0, mode: o.mode,
+      num_scheduler_steps: o.numSchedulerSteps ?? DEFAULT_ENGINE_CONFIG.numSchedulerSteps },
     results,
   };
   if (o.mode === "compare") report.speedup = speedup(results[0]!, results[1]!);

@@ -64,6 +64,15 @@ export interface EngineConfig {
    * and the KV pool, which gets what is left. 0 (the default): the pool is --kv-cache-memory bytes.
    */
   gpuMemoryUtilization: number;
+  /**
+   * Decode steps run back to back in one native call while every running request is decoding
+   * (vLLM's --num-scheduler-steps, multi-step scheduling): each step's token feeds the next
+   * without a return to the event loop, so the host's share of a step (building it, the call,
+   * the hand-back) is paid once per run. 1 (the default): one step a call. A request that
+   * arrives meanwhile waits for the run to end, and a run's steps past a request's stop are
+   * computed and dropped.
+   */
+  numSchedulerSteps: number;
 }
 
 export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
@@ -84,6 +93,7 @@ export const DEFAULT_ENGINE_CONFIG: EngineConfig = {
   kvCacheDtype: "auto",
   device: "auto",
   gpuMemoryUtilization: 0,
+  numSchedulerSteps: 1,
 };
 
 /** What an engine learns from its model and KV plan, as opposed to what it is configured with. */
@@ -103,7 +113,7 @@ export interface EngineFlag {
   kind: "int" | "number" | "negatable" | "choice";
   /** Smallest accepted value (int and number flags). */
   min?: number;
-  /** Largest accepted value (number flags). */
+  /** Largest accepted value (int and number flags). */
   max?: number;
   /** The accepted values (choice flags). */
   choices?: readonly string[];
@@ -126,6 +136,7 @@ export const ENGINE_FLAGS: readonly EngineFlag[] = [
   { key: "dtype", flag: "--dtype <dtype>", description: "compute mode: bfloat16 is fast, float32 exact; auto picks bfloat16 on CPUs with AVX512_BF16 or AMX", kind: "choice", choices: ["auto", "float32", "bfloat16"] },
   { key: "device", flag: "--device <device>", description: "where the model runs: auto is cuda when a GPU is visible (and the addon was built with CUDA), else cpu", kind: "choice", choices: ["auto", "cpu", "cuda"] },
   { key: "gpuMemoryUtilization", flag: "--gpu-memory-utilization <fraction>", description: "on cuda, the share of GPU memory to fill, the KV pool taking what weights and activations leave (0: use --kv-cache-memory)", kind: "number", min: 0, max: 1 },
+  { key: "numSchedulerSteps", flag: "--num-scheduler-steps <n>", description: "decode steps run back to back in one call while every request decodes (1: one a call)", kind: "int", min: 1, max: 64 },
   { key: "kvCacheDtype", flag: "--kv-cache-dtype <dtype>", description: "KV cache element: bfloat16/float16 hold twice the tokens, float32 is exact; auto follows --dtype", kind: "choice", choices: ["auto", "float32", "bfloat16", "float16"] },
 ];
 

@@ -13,12 +13,13 @@ import type { EngineConfig, ModelLimits } from "./engine-config.js";
 import { EngineError } from "./errors.js";
 import type { Grammar } from "./grammar.js";
 import { OutputStream, type RequestOutput } from "./output-stream.js";
-import { Priority, Request, RequestStatus, finishReason, type RequestInput, type StopReason } from "./request.js";
+import { Priority, Request, RequestStatus, finishReason, isFinished, type RequestInput, type StopReason } from "./request.js";
 import { Scheduler, type ScheduledRequest } from "./scheduler.js";
 import { StopStringMatcher } from "./stop-strings.js";
 
 export interface Runner {
-  execute(seqs: readonly RunnerSequence[]): Promise<StepResult>;
+  /** One step, or `decodeSteps` decode steps in one call (ModelRunner.execute): their results after the first in `following`. */
+  execute(seqs: readonly RunnerSequence[], decodeSteps?: number): Promise<StepResult>;
 }
 
 /** Latency samples, in seconds, for the server's histograms. */
@@ -47,12 +48,20 @@ export interface EngineStats {
   steps: number;
 }
 
-/** A step in flight: when it started, its rows (for the observer) and its result. */
+/** A step in flight: when it started, its rows (for the observer), how many decode steps it runs, and its result. */
 interface LaunchedStep {
   start: number;
   decode: number;
   rows: number;
+  steps: number;
   result: Promise<StepResult>;
+}
+
+/** A recorded token on its way to its stream: the request's output count with it, and whether it ended the request. */
+interface Emission {
+  sample: NonNullable<StepResult["samples"][number]>;
+  count: number;
+  last: boolean;
 }
 
 interface Live {
@@ -213,7 +222,7 @@ export class Engine {
       while (this.scheduler.hasWork) {
         const scheduled = this.scheduler.schedule();
         if (scheduled.length === 0) break; // nothing fits: cannot happen after admission checks, but never spin
-        const step = this.launch(scheduled);
+        const step = this.launch(scheduled, this.decodeSteps(scheduled));
         emit?.();
         emit = null;
         const result = await this.awaitStep(scheduled, step);
@@ -224,8 +233,26 @@ export class Engine {
     }
   }
 
+  /**
+   * Decode steps for this call (--num-scheduler-steps): more than one only when every running
+   * request is a plain decode row in it (no grammar, past min_tokens, no prompt log-probs), none
+   * waits to be admitted (it would wait out the run), none would pass its max_tokens or the
+   * context length, and the blocks for the extra tokens are free now (allocated here).
+   */
+  private decodeSteps(scheduled: readonly ScheduledRequest[]): number {
+    let k = this.config.numSchedulerSteps;
+    if (k === 1 || this.scheduler.waiting.size > 0 || scheduled.length !== this.scheduler.running.length) return 1;
+    for (const { request: r, numTokens, sample } of scheduled) {
+      const p = r.params;
+      if (numTokens !== 1 || !sample || r.outputTokenIds.length === 0 || r.grammar || r.outputTokenIds.length < p.minTokens || p.promptLogprobs !== null) return 1;
+      k = Math.min(k, p.maxTokens - r.outputTokenIds.length, this.limits.maxModelLen - r.numTokens);
+    }
+    if (k <= 1) return 1;
+    return scheduled.every((s) => this.kv.allocateSlots(s.request, k)) ? k : 1;
+  }
+
   /** Starts the step (the runner launches it before returning); a failure to start rejects its result. */
-  private launch(scheduled: ScheduledRequest[]): LaunchedStep {
+  private launch(scheduled: ScheduledRequest[], steps: number): LaunchedStep {
     const start = this.now();
     try {
       // A constrained row samples under its grammar's mask, made while the step's forward pass runs
@@ -238,17 +265,18 @@ export class Engine {
         sample: sample && r.params.maxTokens > 0 ? { params: r.params, counter: r.outputTokenIds.length, promptIds: r.promptTokenIds, outputIds: r.outputTokenIds, banned: this.banned(r), ...maskOf(r) } : null,
       }));
       const decode = scheduled.filter((s) => s.request.outputTokenIds.length > 0 && s.numTokens === 1 && s.request.numComputedTokens === s.request.numTokens - 1).length;
-      return { start, decode, rows: seqs.reduce((n, s) => n + s.tokenIds.length, 0), result: this.runner.execute(seqs) };
+      return { start, decode, rows: seqs.reduce((n, s) => n + s.tokenIds.length, 0), steps, result: this.runner.execute(seqs, steps) };
     } catch (e) {
-      return { start, decode: 0, rows: 0, result: Promise.reject(e instanceof Error ? e : new Error(String(e))) };
+      return { start, decode: 0, rows: 0, steps, result: Promise.reject(e instanceof Error ? e : new Error(String(e))) };
     }
   }
 
   private async awaitStep(scheduled: ScheduledRequest[], step: LaunchedStep): Promise<StepResult | null> {
     try {
       const result = await step.result;
-      this.steps++;
-      this.observer.step?.(this.now() - step.start, { decode: step.decode, prefill: step.rows - step.decode });
+      if ((result.following?.length ?? 0) !== step.steps - 1) throw new Error(`the runner returned ${1 + (result.following?.length ?? 0)} of ${step.steps} decode steps`);
+      this.steps += step.steps;
+      this.observer.step?.(this.now() - step.start, { decode: step.decode * step.steps, prefill: step.rows - step.decode });
       return result;
     } catch (e) {
       const message = e instanceof Error ? e.message : String(e);
@@ -266,30 +294,44 @@ export class Engine {
 
   /**
    * Records a step's results, everything the next step's schedule depends on (tokens, stop
-   * tokens, lengths, grammars, failures); returns the emission of its outputs (see run()).
+   * tokens, lengths, grammars, failures), decode step after decode step; returns the emission
+   * of its outputs (see run()). A decode step's row counts only while its request still runs:
+   * a stop in an earlier step of the same call drops the rest.
    */
   private process(scheduled: ScheduledRequest[], result: StepResult): () => void {
+    const steps = [result, ...(result.following ?? [])].map((r) => this.record(scheduled, r));
+    return () => this.emit(scheduled, steps);
+  }
+
+  /** One step's results recorded; returns each row's token where its request was still running, as it stood then. */
+  private record(scheduled: ScheduledRequest[], result: StepResult): (Emission | null)[] {
+    const running = scheduled.map((s) => s.request.status === RequestStatus.RUNNING);
     this.advanceGrammars(scheduled, result);
     this.recordScores(scheduled, result);
     const tokens = result.samples.map((s) => s?.tokenId ?? null);
     this.scheduler.update(scheduled, tokens);
+    const emissions = result.samples.map((sample, i) => {
+      const r = scheduled[i]!.request;
+      return sample && running[i] ? { sample, count: r.outputTokenIds.length, last: r.status !== RequestStatus.RUNNING } : null;
+    });
     // A row the step could not compute fails alone; the rest of the batch goes on.
     scheduled.forEach((s, i) => {
       const error = result.errors[i];
-      if (error) this.abort(s.request.id, RequestStatus.FINISHED_ERROR, `step failed for this request: ${error}`);
+      if (error && running[i]) this.abort(s.request.id, RequestStatus.FINISHED_ERROR, `step failed for this request: ${error}`);
     });
-    return () => this.emit(scheduled, result);
+    return emissions;
   }
 
-  /** Each sampled token goes to its request's stream; a stop string found in its text ends the request. */
-  private emit(scheduled: ScheduledRequest[], result: StepResult): void {
+  /** Each sampled token goes to its request's stream, step by step; a stop string found in its text ends the request. */
+  private emit(scheduled: ScheduledRequest[], steps: (Emission | null)[][]): void {
     const now = this.now();
-    scheduled.forEach((s, i) => {
-      const sample = result.samples[i];
-      const l = this.live.get(s.request.id);
-      if (!sample || !l) return;
-      this.emitToken(l, sample.tokenId, { tokenId: sample.tokenId, logprob: sample.logprob, top: sample.top }, now);
-    });
+    for (const emissions of steps) {
+      scheduled.forEach((s, i) => {
+        const e = emissions[i];
+        const l = this.live.get(s.request.id);
+        if (e && l) this.emitToken(l, e, now);
+      });
+    }
     // Ended without a token (max_tokens 0): its stream ends here.
     for (const s of scheduled) {
       const l = this.live.get(s.request.id);
@@ -323,7 +365,7 @@ export class Engine {
     });
   }
 
-  private emitToken(l: Live, tokenId: number, logprob: Live["pending"]["logprobs"][number], now: number): void {
+  private emitToken(l: Live, { sample, count, last }: Emission, now: number): void {
     const r = l.request;
     if (r.firstTokenTime === null) {
       r.firstTokenTime = now;
@@ -333,16 +375,28 @@ export class Engine {
       this.observer.interTokenLatency?.(now - r.lastTokenTime);
     }
     r.lastTokenTime = now;
-    l.pending.tokenIds.push(tokenId);
-    l.pending.logprobs.push(logprob);
+    l.pending.tokenIds.push(sample.tokenId);
+    l.pending.logprobs.push({ tokenId: sample.tokenId, logprob: sample.logprob, top: sample.top });
     // The scheduler decided whether this token stopped the request; its text is hidden unless asked for.
-    const hidden = r.stopReason?.kind === "token" && !r.params.includeStopStrInOutput;
-    const delta = l.detok && !hidden ? l.detok.push(tokenId) : "";
-    const { text, stopped: matched } = l.stops.push(delta, r.outputTokenIds.length >= r.params.minTokens);
+    const hidden = last && r.stopReason?.kind === "token" && !r.params.includeStopStrInOutput;
+    const delta = l.detok && !hidden ? l.detok.push(sample.tokenId) : "";
+    const { text, stopped: matched } = l.stops.push(delta, count >= r.params.minTokens);
     l.pending.text += text;
-    if (matched !== null) this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "string", stop: matched });
-    if (r.status >= RequestStatus.FINISHED_STOPPED) this.complete(l);
+    if (matched !== null) this.stopAtString(r, count, last, matched);
+    if (last || matched !== null) this.complete(l);
     else this.flush(l);
+  }
+
+  /**
+   * A stop string ends the request at its count-th token. The tokens a multi-step run recorded
+   * past it (and an ending they reached) are dropped; an ending at this same token stands.
+   */
+  private stopAtString(r: Request, count: number, last: boolean, stop: string): void {
+    if (last) return this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "string", stop });
+    r.outputTokenIds.length = count;
+    if (!isFinished(r.status)) return this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "string", stop });
+    r.status = RequestStatus.FINISHED_STOPPED;
+    r.stopReason = { kind: "string", stop };
   }
 
   private flush(l: Live): void {

@@ -99,6 +99,8 @@ export interface StepResult {
   logits?: (Float32Array | null)[];
   /** Per sequence: its scored rows' results, in order (empty when it asked for none). */
   scores?: PromptScore[][];
+  /** execute() with decodeSteps > 1: the samples and errors of the steps after this one, in order. */
+  following?: Pick<StepResult, "samples" | "errors">[];
 }
 
 export interface KvLayout {
@@ -194,10 +196,18 @@ export class ModelRunner {
     return this.native.info();
   }
 
-  async execute(seqs: readonly RunnerSequence[]): Promise<StepResult> {
-    const input = buildStepInput(seqs, this.kv.blockSize, this.vocab);
+  /**
+   * One step; or `decodeSteps` decode steps in one native call, each sequence one sampled row
+   * fed its own last sample (NativeStepInput.decodeSteps; its block table must hold them all):
+   * the first step's result, with the rest in `following`.
+   */
+  async execute(seqs: readonly RunnerSequence[], decodeSteps = 1): Promise<StepResult> {
+    const input = buildStepInput(seqs, this.kv.blockSize, this.vocab, decodeSteps);
     const out = input.sources.length > 0 ? await this.stepWhileMasking(input) : await this.native.step(input);
-    return this.unpack(seqs, out, input);
+    const result = this.unpack(seqs, out, input);
+    if (decodeSteps === 1) return result;
+    const following = Array.from({ length: decodeSteps - 1 }, (_, j) => this.unpackSamples(seqs, out, input, (j + 1) * seqs.length));
+    return { ...result, following };
   }
 
   /**
@@ -230,9 +240,28 @@ export class ModelRunner {
     return this.native.dispose();
   }
 
-  private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {
+  /** Each sequence's sample and error, read at row offset `at` + its last row (a later decode step's from at = j · S). */
+  private unpackSamples(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }, at = 0): Pick<StepResult, "samples" | "errors"> {
     const samples: (SampleResult | null)[] = [];
     const errors: (string | null)[] = [];
+    let r = at;
+    seqs.forEach((s, b) => {
+      const last = r + input.rowsPerSeq[b]! - 1;
+      r += input.rowsPerSeq[b]!;
+      const error = s.sample ? out.rowErrors[last] ?? null : null;
+      errors.push(error);
+      if (!s.sample || error !== null) return void samples.push(null);
+      const top: TokenLogprob[] = [];
+      for (let i = 0; i < s.sample.params.logprobs; i++) {
+        top.push({ tokenId: out.topIds[last * out.topN + i]!, logprob: out.topLogprobs[last * out.topN + i]! });
+      }
+      samples.push({ tokenId: out.tokens[last]!, logprob: out.logprobs[last]!, top });
+    });
+    return { samples, errors };
+  }
+
+  private unpack(seqs: readonly RunnerSequence[], out: NativeStepOutput, input: { rowsPerSeq: number[] }): StepResult {
+    const { samples, errors } = this.unpackSamples(seqs, out, input);
     const logits: (Float32Array | null)[] = [];
     const scores: PromptScore[][] = [];
     let r = 0, scored = 0;
@@ -240,18 +269,6 @@ export class ModelRunner {
       const rows = input.rowsPerSeq[b]!;
       if (out.logits && s.allLogits) logits.push(out.logits.slice(r * this.vocab, (r + rows) * this.vocab));
       else logits.push(null);
-      const last = r + rows - 1;
-      const error = s.sample ? out.rowErrors[last] ?? null : null;
-      errors.push(error);
-      if (s.sample && error === null) {
-        const top: TokenLogprob[] = [];
-        for (let i = 0; i < s.sample.params.logprobs; i++) {
-          top.push({ tokenId: out.topIds[last * out.topN + i]!, logprob: out.topLogprobs[last * out.topN + i]! });
-        }
-        samples.push({ tokenId: out.tokens[last]!, logprob: out.logprobs[last]!, top });
-      } else {
-        samples.push(null);
-      }
       r += rows;
       const mine: PromptScore[] = [];
       for (const tokenId of s.score?.targets ?? []) {

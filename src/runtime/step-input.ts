@@ -38,12 +38,17 @@ interface Counts {
   masks: number;
 }
 
-function count(seqs: readonly RunnerSequence[], blockSize: number): Counts {
+/** Blocks of sequence s's table a step reads: through its last position, or its last decode step's (decodeSteps > 1). */
+function tableBlocks(s: RunnerSequence, blockSize: number, decodeSteps: number): number {
+  return Math.ceil((s.startPosition + s.tokenIds.length + decodeSteps - 1) / blockSize);
+}
+
+function count(seqs: readonly RunnerSequence[], blockSize: number, decodeSteps: number): Counts {
   const c: Counts = { T: 0, S: 0, maxBlocks: 1, bias: 0, prompt: 0, output: 0, scores: 0, masks: 0 };
   for (const s of seqs) {
     const n = s.tokenIds.length;
     c.T += n;
-    c.maxBlocks = Math.max(c.maxBlocks, Math.ceil((s.startPosition + n) / blockSize));
+    c.maxBlocks = Math.max(c.maxBlocks, tableBlocks(s, blockSize, decodeSteps));
     c.S += n - firstReturnedRow(s);
     c.scores += s.score?.targets.length ?? 0;
     const req = s.sample;
@@ -58,9 +63,12 @@ function count(seqs: readonly RunnerSequence[], blockSize: number): Counts {
   return c;
 }
 
-/** The step's arrays for `seqs`, with KV blocks of `blockSize` tokens and masks of ceil(vocab / 32) words. */
-export function buildStepInput(seqs: readonly RunnerSequence[], blockSize: number, vocab: number): StepInput {
-  const c = count(seqs, blockSize);
+/**
+ * The step's arrays for `seqs`, with KV blocks of `blockSize` tokens and masks of ceil(vocab / 32) words;
+ * `decodeSteps` > 1: that many decode steps in one call (NativeStepInput.decodeSteps).
+ */
+export function buildStepInput(seqs: readonly RunnerSequence[], blockSize: number, vocab: number, decodeSteps = 1): StepInput {
+  const c = count(seqs, blockSize, decodeSteps);
   const maskWords = Math.ceil(vocab / 32);
   const x: StepInput = {
     tokens: new Int32Array(c.T), positions: new Int32Array(c.T), seqStarts: new Int32Array(seqs.length + 1),
@@ -74,11 +82,11 @@ export function buildStepInput(seqs: readonly RunnerSequence[], blockSize: numbe
     promptOffsets: new Int32Array(c.S + 1), promptTokens: new Int32Array(c.prompt),
     outputOffsets: new Int32Array(c.S + 1), outputTokens: new Int32Array(c.output),
     scoreRows: new Int32Array(c.scores), scoreTargets: new Int32Array(c.scores), scoreTopN: new Int32Array(c.scores),
-    returnLogits: false, rowsPerSeq: [], sources: [],
+    returnLogits: false, decodeSteps, rowsPerSeq: [], sources: [],
   };
   const at = { row: 0, sample: 0, bias: 0, prompt: 0, output: 0, score: 0, mask: 0 };
   seqs.forEach((s, b) => {
-    writeRows(x, s, b, at.row, blockSize);
+    writeRows(x, s, b, at.row, blockSize, decodeSteps);
     const first = firstReturnedRow(s);
     x.rowsPerSeq.push(s.tokenIds.length - first);
     for (let i = first; i < s.tokenIds.length; i++) writeSampleRow(x, at.row + i, i === s.tokenIds.length - 1 ? s.sample : null, at);
@@ -96,11 +104,11 @@ export function buildStepInput(seqs: readonly RunnerSequence[], blockSize: numbe
 }
 
 /** Sequence b's token rows from `row`: tokens, positions, KV slots, its block table and context length. */
-function writeRows(x: StepInput, s: RunnerSequence, b: number, row: number, blockSize: number): void {
+function writeRows(x: StepInput, s: RunnerSequence, b: number, row: number, blockSize: number, decodeSteps: number): void {
   x.seqStarts[b] = row;
   const ctx = s.startPosition + s.tokenIds.length;
   x.contextLens[b] = ctx;
-  const blocks = Math.ceil(ctx / blockSize);
+  const blocks = tableBlocks(s, blockSize, decodeSteps);
   for (let i = 0; i < blocks; i++) x.blockTables[b * x.maxBlocks + i] = s.blockTable[i] ?? -1;
   for (let i = 0; i < s.tokenIds.length; i++) {
     const pos = s.startPosition + i;

@@ -1,0 +1,109 @@
+/**
+ * Multi-step decode (--num-scheduler-steps, NativeStepInput.decodeSteps): k decode steps in one
+ * native call give what k single steps give, sample for sample, on the real addon; the engine
+ * runs them only while every request decodes, drops what a run computes past a request's stop,
+ * and leaves no KV block behind.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { Engine, type Runner } from "../src/engine/engine.js";
+import { DEFAULT_ENGINE_CONFIG, type EngineConfig } from "../src/engine/engine-config.js";
+import { defaultSamplingParams, type SamplingParams } from "../src/engine/sampling-params.js";
+import { loadCheckpoint } from "../src/model/checkpoint.js";
+import { TextTokenizer } from "../src/model/tokenizer.js";
+import { ModelRunner, type RunnerSampling, type RunnerSequence, type StepResult } from "../src/runtime/model-runner.js";
+import { assertEngineIdle, completeFixtureModel } from "./helpers.js";
+
+const BLOCK = 4;
+const dir = completeFixtureModel("tiny-qwen3");
+const ckpt = loadCheckpoint(dir);
+const tokenizer = TextTokenizer.fromDir(dir);
+const runner = await ModelRunner.create(ckpt, { numBlocks: 256, blockSize: BLOCK }, "float32");
+const prompts = [[352, 24944, 50865, 95443, 92077], [9707, 1052, 374], [100, 2000, 30000, 4000, 500, 60, 7]];
+const samplings: RunnerSampling[] = [
+  defaultSamplingParams({ temperature: 0, maxTokens: 64 }),
+  defaultSamplingParams({ temperature: 0.9, topP: 0.9, seed: 11, maxTokens: 64, presencePenalty: 0.8, frequencyPenalty: 0.5, repetitionPenalty: 1.3, logprobs: 2 }),
+  defaultSamplingParams({ temperature: 1.2, topK: 40, seed: 5, maxTokens: 64, logprobs: 1 }),
+];
+/** Sequence i owns blocks 60·i, 60·i + 1, ...: enough for its prompt and 40 more tokens. */
+const table = (i: number): number[] => Array.from({ length: 16 }, (_, b) => 60 * i + b);
+const decodeRow = (i: number, outputs: number[]): RunnerSequence => ({
+  tokenIds: [outputs[outputs.length - 1]!], startPosition: prompts[i]!.length + outputs.length - 1, blockTable: table(i),
+  sample: { params: samplings[i]!, counter: outputs.length, promptIds: prompts[i]!, outputIds: outputs },
+});
+
+/** Prefills every prompt, then decodes `steps` tokens each in calls of `k` steps; each sequence's samples in order. */
+async function generate(steps: number, k: number): Promise<{ tokenId: number; logprob: number; top: unknown }[][]> {
+  const first = await runner.execute(prompts.map((p, i) => ({
+    tokenIds: p, startPosition: 0, blockTable: table(i), sample: { params: samplings[i]!, counter: 0, promptIds: p, outputIds: [] },
+  })));
+  const out = first.samples.map((s) => [s!]);
+  while (out[0]!.length < steps) {
+    const n = Math.min(k, steps - out[0]!.length);
+    const r = await runner.execute(out.map((o, i) => decodeRow(i, o.map((s) => s.tokenId))), n);
+    assert.equal(r.following?.length ?? 0, n - 1);
+    for (const step of [r, ...(r.following ?? [])]) step.samples.forEach((s, i) => out[i]!.push(s!));
+  }
+  return out;
+}
+
+test("k decode steps in one call give the samples, log-probs and top log-probs of k single steps (greedy, seeded, penalties, across blocks)", async () => {
+  const single = await generate(23, 1);
+  for (const k of [2, 5, 8]) assert.deepEqual(await generate(23, k), single, `decodeSteps ${k}`);
+});
+
+test("a multi-step input that breaks its rules is refused with a clear error", async () => {
+  const outputs = [500];
+  const row = decodeRow(0, outputs);
+  await assert.rejects(runner.execute([{ ...row, blockTable: table(0).slice(0, 2) }], 8), /block table does not hold every decode step/);
+  await assert.rejects(runner.execute([{ ...row, tokenIds: [1, 2], startPosition: 4 }], 3), /one sampled row per sequence/);
+  await assert.rejects(runner.execute([row], 65), /decodeSteps must be between 1 and 64/);
+  await assert.rejects(runner.execute([{ ...row, allLogits: true }], 2), /no logits or prompt scores/);
+});
+
+/** Counts the decode steps a runner is asked for per call. */
+class CountingRunner implements Runner {
+  readonly calls: number[] = [];
+  execute(seqs: readonly RunnerSequence[], decodeSteps = 1): Promise<StepResult> {
+    this.calls.push(decodeSteps);
+    return runner.execute(seqs, decodeSteps);
+  }
+}
+
+const config = (numSchedulerSteps: number): EngineConfig => ({ ...DEFAULT_ENGINE_CONFIG, blockSize: BLOCK, maxNumSeqs: 8, maxNumBatchedTokens: 64, numSchedulerSteps });
+const limits = { numBlocks: 256, maxModelLen: 256, vocabSize: ckpt.config.vocab, eosTokenIds: [] };
+
+async function serve(numSchedulerSteps: number, requests: { prompt: number[]; params: SamplingParams; after?: number }[]) {
+  const counting = new CountingRunner();
+  const engine = new Engine(counting, config(numSchedulerSteps), limits, tokenizer);
+  const outs = await Promise.all(requests.map(async (r) => {
+    if (r.after) await new Promise((resolve) => setTimeout(resolve, r.after));
+    const o = await engine.add({ promptTokenIds: r.prompt, params: r.params }).collect();
+    return { tokens: o.tokenIds, text: o.text, finish: o.finishReason, stop: o.stopReason, logprobs: o.logprobs };
+  }));
+  assertEngineIdle(engine);
+  return { outs, calls: counting.calls };
+}
+
+test("the engine with --num-scheduler-steps 6 serves what it serves with 1: stops by token, string and length inside a run; a late arrival; no leaks", async () => {
+  const greedy = (maxTokens: number, over: Partial<SamplingParams> = {}): SamplingParams => defaultSamplingParams({ temperature: 0, maxTokens, ignoreEos: true, ...over });
+  const free = await serve(1, [{ prompt: prompts[0]!, params: greedy(30) }]);
+  const tokens = free.outs[0]!.tokens, text = free.outs[0]!.text;
+  const stopToken = tokens[9]!, stopString = text.slice(Math.floor(text.length / 2), Math.floor(text.length / 2) + 3);
+  const requests = [
+    { prompt: prompts[0]!, params: greedy(30, { stopTokenIds: [stopToken] }) },
+    { prompt: prompts[0]!, params: greedy(30, { stop: [stopString] }) },
+    { prompt: prompts[1]!, params: greedy(17) },
+    { prompt: prompts[2]!, params: defaultSamplingParams({ temperature: 0.8, seed: 3, maxTokens: 25, ignoreEos: true, frequencyPenalty: 0.7, logprobs: 2 }) },
+    { prompt: prompts[1]!, params: greedy(9, { minTokens: 4 }), after: 5 },
+  ];
+  const one = await serve(1, requests), six = await serve(6, requests);
+  assert.deepEqual(six.outs, one.outs);
+  assert.ok(one.calls.every((k) => k === 1));
+  assert.ok(six.calls.some((k) => k === 6), "runs of six steps were used");
+  assert.ok(six.calls.length < one.calls.length / 2, `${six.calls.length} calls against ${one.calls.length}`);
+  assert.equal(one.outs[0]!.finish, "stop");
+  assert.equal(one.outs[0]!.tokens.length, tokens.indexOf(stopToken) + 1);
+  assert.equal(one.outs[1]!.finish, "stop");
+  assert.equal(one.outs[2]!.tokens.length, 17);
+});
