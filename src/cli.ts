@@ -287,6 +287,7 @@ bench
   .option("--output-len <n>", "tokens generated per sequence", intArg("--output-len", 2), 128)
   .option("--prefill-len <n>", "tokens of the single-prompt prefill case", intArg("--prefill-len", 1), 512)
   .option("--quant <types>", `run both on the same GGUF quantized by llama.cpp to each type (${Object.keys(LLAMA_FTYPES).join(", ")}), comma-separated`, quantList)
+  .option("--num-scheduler-steps <n>", "Weft's decode steps run back to back in one call", intArg("--num-scheduler-steps", 1, 64))
   .option("--json <file>", "write the results as JSON")
   .action(async (o: PeerOptions) => {
     fs.mkdirSync(o.dir, { recursive: true });

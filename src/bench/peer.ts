@@ -31,6 +31,8 @@ export interface PeerOptions {
   prefillLen: number;
   /** llama.cpp file types: run both engines on the same quantized GGUF of each (instead of Weft's checkpoint against F16/BF16 GGUFs). */
   quant?: LlamaQuantType[];
+  /** Weft's decode steps a call (--num-scheduler-steps; default: the engine's, 1). */
+  numSchedulerSteps?: number;
   json?: string;
 }
 
@@ -144,14 +146,14 @@ type StepObserver = (seconds: number, rows: { prefill: number; decode: number })
  * prefill, on the CPU as llama.cpp is here (`auto` would pick a GPU on a CUDA build); `step` hears of
  * each step (scripts/engine-split.mjs runs the same engine).
  */
-export async function loadWeft(model: string, o: Pick<PeerOptions, "concurrency" | "promptLen" | "outputLen" | "prefillLen">, step: StepObserver,
+export async function loadWeft(model: string, o: Pick<PeerOptions, "concurrency" | "promptLen" | "outputLen" | "prefillLen" | "numSchedulerSteps">, step: StepObserver,
   say: Say): Promise<LoadedModel> {
   const config = model.endsWith(".gguf") ? ggufModelConfig(readGguf(model)) : checkpointConfig(model);
   const maxN = Math.max(...o.concurrency);
   return createModel("weft", model, {
     ...DEFAULT_ENGINE_CONFIG, device: "cpu", maxNumSeqs: maxN, maxNumBatchedTokens: Math.max(o.prefillLen, DEFAULT_ENGINE_CONFIG.maxNumBatchedTokens),
     kvCacheMemory: kvBytesPerBlock(config, 32) * (Math.ceil((o.promptLen + o.outputLen) / 32) * maxN + Math.ceil(o.prefillLen / 32) + 2),
-    enablePrefixCaching: false,
+    enablePrefixCaching: false, numSchedulerSteps: o.numSchedulerSteps ?? DEFAULT_ENGINE_CONFIG.numSchedulerSteps,
   }, { observer: () => ({ step }), log: say });
 }
 
@@ -222,7 +224,7 @@ export async function peerBench(o: PeerOptions): Promise<void> {
   const bestPrefill = Math.max(peerPrefill.f16, peerPrefill.bf16);
   const report = {
     machine: machineInfo(), rooflines, model: modelInfo(m.checkpoint), dtype,
-    workload: { prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen, note: "decode tok/s = tokens after each sequence's first / decode-phase time" },
+    workload: { prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen, num_scheduler_steps: o.numSchedulerSteps ?? DEFAULT_ENGINE_CONFIG.numSchedulerSteps, note: "decode tok/s = tokens after each sequence's first / decode-phase time" },
     decode: rows,
     prefill: { weft_tok_s: weftPre, llama_cpp_f16_tok_s: round2(peerPrefill.f16), llama_cpp_bf16_tok_s: round2(peerPrefill.bf16), ratio: round2(weftPre / bestPrefill), ...weftShare(1, null, weftPre) },
   };
@@ -289,7 +291,7 @@ async function peerBenchQuantized(o: PeerOptions, types: readonly LlamaQuantType
   const report = {
     machine: machineInfo(), rooflines, model: { preset: o.preset, ...modelDesc! }, dtype, files: Object.fromEntries(types.map((t, i) => [t, files[i]])),
     workload: {
-      prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen,
+      prompt_len: o.promptLen, output_len: o.outputLen, prefill_len: o.prefillLen, num_scheduler_steps: o.numSchedulerSteps ?? DEFAULT_ENGINE_CONFIG.numSchedulerSteps,
       note: "decode tok/s = tokens after each sequence's first / decode-phase time; bandwidth % = one sequence's tok/s × weight bytes per step (Weft's as it holds them, llama.cpp's as the file stores them) / measured read bandwidth",
     },
     decode, prefill,
