@@ -14,7 +14,7 @@ void require(bool ok, const std::string& what) {
 // Multi-step decode (StepInput::decodeSteps): one sampled row a sequence, and block tables that
 // hold every sub-step's position.
 void validateDecodeSteps(const ModelConfig& cfg, const StepInput& in) {
-  require(in.decodeSteps >= 1 && in.decodeSteps <= kMaxDecodeSteps, "decodeSteps must be between 1 and " + std::to_string(kMaxDecodeSteps));
+  require(in.decodeSteps >= 1, "decodeSteps must be at least 1");
   if (in.decodeSteps == 1) return;
   const size_t T = in.tokens.size(), B = in.seqStarts.size() - 1;
   require(B == T && in.sampleRows.size() == T, "decode steps need one sampled row per sequence");

@@ -73,7 +73,6 @@ struct StepInput {
   // as long). No masks, logits or prompt scores. 1: one ordinary step.
   int decodeSteps = 1;
 };
-constexpr int kMaxDecodeSteps = 64;
 
 struct StepOutput {
   std::vector<int32_t> tokens;       // (S) sampled ids, -1 where the row failed

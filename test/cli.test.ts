@@ -54,3 +54,11 @@ test("bench peer --quant refuses a type llama.cpp's quantizer is not asked for, 
   assert.notEqual(bad.status, 0);
   assert.match(bad.stderr.toString(), /unknown type "q3_k" \(have: q8_0, q4_0, q4_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k\)/);
 });
+
+test("--num-scheduler-steps takes 1 to 64 on serve and bench, refusing others with the range", () => {
+  for (const [cmd, v] of [[["serve"], "0"], [["serve"], "65"], [["bench", "--model", "m"], "2.5"]] as const) {
+    const bad = spawnSync(process.execPath, [CLI, ...cmd, "--num-scheduler-steps", v]);
+    assert.notEqual(bad.status, 0);
+    assert.match(bad.stderr.toString(), /--num-scheduler-steps must be an integer from 1 to 64/);
+  }
+});

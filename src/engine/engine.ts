@@ -275,8 +275,10 @@ export class Engine {
     try {
       const result = await step.result;
       if ((result.following?.length ?? 0) !== step.steps - 1) throw new Error(`the runner returned ${1 + (result.following?.length ?? 0)} of ${step.steps} decode steps`);
+      // A multi-step run counts as its steps, each an equal share of its time.
+      const seconds = (this.now() - step.start) / step.steps;
+      for (let j = 0; j < step.steps; j++) this.observer.step?.(seconds, { decode: step.decode, prefill: step.rows - step.decode });
       this.steps += step.steps;
-      this.observer.step?.(this.now() - step.start, { decode: step.decode * step.steps, prefill: step.rows - step.decode });
       return result;
     } catch (e) {
       const message = e instanceof Error ? e.message : String(e);

@@ -148,7 +148,7 @@ export interface NativeStepInput {
   returnLogits?: boolean;
   /**
    * Decode steps run back to back in this one call (vLLM's multi-step scheduling; 1 when left
-   * out, at most 64): every sequence is one sampled row, and each later step's token is the one
+   * out): every sequence is one sampled row, and each later step's token is the one
    * the step before sampled, at the next position (the block tables must hold them all), with
    * the seed's counter and the penalties' output tokens advanced. The output's per-row arrays
    * are then decodeSteps times as long, step after step. No masks, logits or prompt scores.
