@@ -107,3 +107,33 @@ test("the engine with --num-scheduler-steps 6 serves what it serves with 1: stop
   assert.equal(one.outs[1]!.finish, "stop");
   assert.equal(one.outs[2]!.tokens.length, 17);
 });
+
+/** Samples token 1000 + its counter for every row; sequence `failing` fails from its third sample on, in whichever step of a run that falls. */
+class FailingRunner implements Runner {
+  constructor(private readonly failing: number) {}
+  execute(seqs: readonly RunnerSequence[], decodeSteps = 1): Promise<StepResult> {
+    const step = (j: number): Pick<StepResult, "samples" | "errors"> => {
+      const fails = seqs.map((s) => s.sample !== null && s.sample !== undefined && s.sample.promptIds[0] === this.failing && s.sample.counter + j >= 2);
+      return {
+        samples: seqs.map((s, i) => (s.sample && !fails[i] ? { tokenId: 1000 + s.sample.counter + j, logprob: -1, top: [] } : null)),
+        errors: fails.map((f) => (f ? "the model produced non-finite logits" : null)),
+      };
+    };
+    const [first, ...following] = Array.from({ length: decodeSteps }, (_, j) => step(j));
+    return Promise.resolve(decodeSteps === 1 ? first! : { ...first!, following });
+  }
+}
+
+test("a row that fails inside a run ends its stream after the tokens before it, with the error; the other rows go on", async () => {
+  for (const k of [1, 6]) {
+    const engine = new Engine(new FailingRunner(7), config(k), limits);
+    const params = defaultSamplingParams({ temperature: 0, maxTokens: 10, ignoreEos: true });
+    const [bad, good] = await Promise.all([7, 8].map((p) => engine.add({ promptTokenIds: [p, 1, 2], params }).collect()));
+    assert.deepEqual(bad!.tokenIds, [1000, 1001], `k ${k}`);
+    assert.equal(bad!.finishReason, "error");
+    assert.match(bad!.error ?? "", /step failed for this request: the model produced non-finite logits/);
+    assert.deepEqual(good!.tokenIds, Array.from({ length: 10 }, (_, i) => 1000 + i));
+    assert.equal(good!.finishReason, "length");
+    assertEngineIdle(engine);
+  }
+});

@@ -57,12 +57,11 @@ interface LaunchedStep {
   result: Promise<StepResult>;
 }
 
-/** A recorded token on its way to its stream: the request's output count with it, and whether it ended the request. */
-interface Emission {
-  sample: NonNullable<StepResult["samples"][number]>;
-  count: number;
-  last: boolean;
-}
+/**
+ * What a recorded step sends a request's stream: a token, with the request's output count with
+ * it and whether it ended the request; or the end of a request whose row failed.
+ */
+type Emission = { sample: NonNullable<StepResult["samples"][number]>; count: number; last: boolean } | { failed: true };
 
 interface Live {
   request: Request;
@@ -305,23 +304,28 @@ export class Engine {
     return () => this.emit(scheduled, steps);
   }
 
-  /** One step's results recorded; returns each row's token where its request was still running, as it stood then. */
+  /**
+   * One step's results recorded; returns what each row sends its stream where its request was
+   * still running, as it stood then. A row the step could not compute fails alone (the rest of the
+   * batch goes on): its request ends now, and its stream once the tokens before are out.
+   */
   private record(scheduled: ScheduledRequest[], result: StepResult): (Emission | null)[] {
     const running = scheduled.map((s) => s.request.status === RequestStatus.RUNNING);
     this.advanceGrammars(scheduled, result);
     this.recordScores(scheduled, result);
     const tokens = result.samples.map((s) => s?.tokenId ?? null);
     this.scheduler.update(scheduled, tokens);
-    const emissions = result.samples.map((sample, i) => {
-      const r = scheduled[i]!.request;
-      return sample && running[i] ? { sample, count: r.outputTokenIds.length, last: r.status !== RequestStatus.RUNNING } : null;
+    return result.samples.map((sample, i) => {
+      const r = scheduled[i]!.request, error = result.errors[i];
+      if (!running[i]) return null;
+      if (error) {
+        r.error = `step failed for this request: ${error}`;
+        r.errorKind = "internal";
+        this.scheduler.finish(r, RequestStatus.FINISHED_ERROR);
+        return { failed: true };
+      }
+      return sample ? { sample, count: r.outputTokenIds.length, last: r.status !== RequestStatus.RUNNING } : null;
     });
-    // A row the step could not compute fails alone; the rest of the batch goes on.
-    scheduled.forEach((s, i) => {
-      const error = result.errors[i];
-      if (error && running[i]) this.abort(s.request.id, RequestStatus.FINISHED_ERROR, `step failed for this request: ${error}`);
-    });
-    return emissions;
   }
 
   /** Each sampled token goes to its request's stream, step by step; a stop string found in its text ends the request. */
@@ -331,7 +335,9 @@ export class Engine {
       scheduled.forEach((s, i) => {
         const e = emissions[i];
         const l = this.live.get(s.request.id);
-        if (e && l) this.emitToken(l, e, now);
+        if (!e || !l) return;
+        if ("failed" in e) this.complete(l);
+        else this.emitToken(l, e, now);
       });
     }
     // Ended without a token (max_tokens 0): its stream ends here.
@@ -367,7 +373,7 @@ export class Engine {
     });
   }
 
-  private emitToken(l: Live, { sample, count, last }: Emission, now: number): void {
+  private emitToken(l: Live, { sample, count, last }: Extract<Emission, { sample: unknown }>, now: number): void {
     const r = l.request;
     if (r.firstTokenTime === null) {
       r.firstTokenTime = now;
@@ -399,6 +405,7 @@ export class Engine {
     if (!isFinished(r.status)) return this.scheduler.finish(r, RequestStatus.FINISHED_STOPPED, { kind: "string", stop });
     r.status = RequestStatus.FINISHED_STOPPED;
     r.stopReason = { kind: "string", stop };
+    r.error = null;
   }
 
   private flush(l: Live): void {
