@@ -6,6 +6,7 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import OpenAI from "openai";
 import { Engine, type Runner } from "../src/engine/engine.js";
 import { DEFAULT_ENGINE_CONFIG, type EngineConfig } from "../src/engine/engine-config.js";
 import { defaultSamplingParams, type SamplingParams } from "../src/engine/sampling-params.js";
@@ -13,6 +14,7 @@ import { loadCheckpoint } from "../src/model/checkpoint.js";
 import { TextTokenizer } from "../src/model/tokenizer.js";
 import { ModelRunner, type RunnerSampling, type RunnerSequence, type StepResult } from "../src/runtime/model-runner.js";
 import { assertEngineIdle, completeFixtureModel } from "./helpers.js";
+import { startServer } from "./support/server.js";
 
 const BLOCK = 4;
 const dir = completeFixtureModel("tiny-qwen3");
@@ -136,4 +138,34 @@ test("a row that fails inside a run ends its stream after the tokens before it, 
     assert.equal(good!.finishReason, "length");
     assertEngineIdle(engine);
   }
+});
+
+test("over HTTP with the openai client, --num-scheduler-steps 5 streams and returns what 1 does (text, log-probs, finish reasons, usage)", async () => {
+  const serve = async (numSchedulerSteps: number) => {
+    const calls: number[] = [];
+    const s = await startServer({
+      engine: { numSchedulerSteps },
+      wrapRunner: (r) => ({ execute: (seqs, k = 1) => (calls.push(k), r.execute(seqs, k)) }),
+    });
+    const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: "none", maxRetries: 0 });
+    try {
+      const stream = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Hi" }], max_tokens: 23, temperature: 0, stream: true, stream_options: { include_usage: true } });
+      let text = "", finish: string | null = null, usage: unknown = null;
+      for await (const chunk of stream) {
+        text += chunk.choices[0]?.delta.content ?? "";
+        finish = chunk.choices[0]?.finish_reason ?? finish;
+        usage = chunk.usage ?? usage;
+      }
+      const completion = await client.completions.create({ model: "tiny", prompt: "Once upon", max_tokens: 17, temperature: 0.7, seed: 4, logprobs: 2 });
+      const c = completion.choices[0]!;
+      return { chat: { text, finish, usage }, completion: { text: c.text, finish: c.finish_reason, logprobs: c.logprobs, usage: completion.usage }, calls };
+    } finally {
+      await s.close();
+    }
+  };
+  const one = await serve(1), five = await serve(5);
+  assert.deepEqual(five.chat, one.chat);
+  assert.deepEqual(five.completion, one.completion);
+  assert.equal(one.chat.finish, "length");
+  assert.ok(five.calls.includes(5) && !one.calls.some((k) => k > 1), "runs of five steps were used, and only with the flag");
 });
