@@ -8,6 +8,9 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { Engine, type Runner } from "../src/engine/engine.js";
+import { Priority, Request } from "../src/engine/request.js";
+import { Scheduler } from "../src/engine/scheduler.js";
+import { KvCacheManager } from "../src/kv/kv-cache-manager.js";
 import { DEFAULT_ENGINE_CONFIG, type EngineConfig } from "../src/engine/engine-config.js";
 import { defaultSamplingParams, type SamplingParams } from "../src/engine/sampling-params.js";
 import { loadCheckpoint } from "../src/model/checkpoint.js";
@@ -168,4 +171,35 @@ test("over HTTP with the openai client, --num-scheduler-steps 5 streams and retu
   assert.deepEqual(five.completion, one.completion);
   assert.equal(one.chat.finish, "length");
   assert.ok(five.calls.includes(5) && !one.calls.some((k) => k > 1), "runs of five steps were used, and only with the flag");
+});
+
+test("a full batch runs multi-step while the queue behind it cannot start, with the outputs of single steps", async () => {
+  const params = defaultSamplingParams({ temperature: 0, maxTokens: 24, ignoreEos: true });
+  const run = async (k: number) => {
+    const counting = new CountingRunner();
+    const engine = new Engine(counting, { ...config(k), maxNumSeqs: 2 }, limits, tokenizer);
+    const outs = await Promise.all([0, 1, 2, 0].map((p) => engine.add({ promptTokenIds: prompts[p]!, params }).collect()));
+    assertEngineIdle(engine);
+    return { tokens: outs.map((o) => o.tokenIds), calls: counting.calls };
+  };
+  const one = await run(1), four = await run(4);
+  assert.deepEqual(four.tokens, one.tokens);
+  assert.ok(four.calls.filter((k) => k === 4).length >= 8, `runs while two requests waited: ${four.calls.join(",")}`);
+});
+
+test("admission is pending (no multi-step run) while a slot is free or a waiting request of better priority would take one", () => {
+  const clock = { t: 0 };
+  const cfg = { ...config(4), maxNumSeqs: 2 };
+  const s = new Scheduler(cfg, limits, new KvCacheManager(limits.numBlocks, BLOCK), () => clock.t);
+  let seq = 0;
+  const add = (priority: Priority): void => s.add(new Request(`r${seq}`, [1, 2, 3], defaultSamplingParams({ maxTokens: 8 }), priority, "", "", clock.t, seq++));
+  assert.equal(s.admissionPending, false, "nothing waits");
+  add(Priority.LOW);
+  assert.equal(s.admissionPending, true, "a free slot");
+  add(Priority.LOW);
+  s.schedule();
+  add(Priority.LOW);
+  assert.equal(s.admissionPending, false, "a full batch, and the head of the queue no better than it");
+  add(Priority.HIGH);
+  assert.equal(s.admissionPending, true, "a HIGH request takes a LOW one's slot at the next step");
 });

@@ -234,13 +234,14 @@ export class Engine {
 
   /**
    * Decode steps for this call (--num-scheduler-steps): more than one only when every running
-   * request is a plain decode row in it (no grammar, past min_tokens, no prompt log-probs), none
-   * waits to be admitted (it would wait out the run), none would pass its max_tokens or the
+   * request is a plain decode row in it (no grammar, past min_tokens, no prompt log-probs), no
+   * waiting request could start at the next step (it would wait out the run; one that waits for a
+   * full batch's slot it cannot take does not count), none would pass its max_tokens or the
    * context length, and the blocks for the extra tokens are free now (allocated here).
    */
   private decodeSteps(scheduled: readonly ScheduledRequest[]): number {
     let k = this.config.numSchedulerSteps;
-    if (k === 1 || this.scheduler.waiting.size > 0 || scheduled.length !== this.scheduler.running.length) return 1;
+    if (k === 1 || this.scheduler.admissionPending || scheduled.length !== this.scheduler.running.length) return 1;
     for (const { request: r, numTokens, sample } of scheduled) {
       const p = r.params;
       if (numTokens !== 1 || !sample || r.outputTokenIds.length === 0 || r.grammar || r.outputTokenIds.length < p.minTokens || p.promptLogprobs !== null) return 1;

@@ -209,10 +209,25 @@ export class Scheduler {
    */
   private yieldSlot(r: Request, out: ScheduledRequest[]): number | null {
     const victim = this.worstRunning();
-    if (r.priority >= victim.priority || !runsBefore(r, victim, this.config.agingRate)) return null;
+    if (!this.takesSlot(r, victim)) return null;
     this.preempt(victim);
     const i = out.findIndex((s) => s.request === victim);
     return i >= 0 ? out.splice(i, 1)[0]!.numTokens : 0;
+  }
+
+  /** Whether waiting request r takes a full batch's slot from `victim`: better base priority, and ahead in aging order. */
+  private takesSlot(r: Request, victim: Request): boolean {
+    return r.priority < victim.priority && runsBefore(r, victim, this.config.agingRate);
+  }
+
+  /**
+   * Whether the next schedule could start the waiting head, KV blocks aside: a slot is free, or
+   * it takes one (yieldSlot). While it cannot, the running batch is all there is to run.
+   */
+  get admissionPending(): boolean {
+    const r = this.waiting.peek();
+    if (!r) return false;
+    return this.running.length < this.config.maxNumSeqs || this.takesSlot(r, this.worstRunning());
   }
 
   /** The running request with the worst effective priority; the latest arrival on ties. */
