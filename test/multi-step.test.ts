@@ -203,3 +203,13 @@ test("admission is pending (no multi-step run) while a slot is free or a waiting
   add(Priority.HIGH);
   assert.equal(s.admissionPending, true, "a HIGH request takes a LOW one's slot at the next step");
 });
+
+test("a request near its max_tokens does not shorten the batch's runs: it ends inside one, with its own length", async () => {
+  const greedy = (maxTokens: number): SamplingParams => defaultSamplingParams({ temperature: 0, maxTokens, ignoreEos: true });
+  const requests = [{ prompt: prompts[0]!, params: greedy(3) }, { prompt: prompts[1]!, params: greedy(30) }];
+  const one = await serve(1, requests), six = await serve(6, requests);
+  assert.deepEqual(six.outs, one.outs);
+  assert.deepEqual(six.outs.map((o) => o.tokens.length), [3, 30]);
+  // Calls: A's prompt, B's prompt with A's second token, then runs of both though A has one token left.
+  assert.equal(six.calls[2], 6, `the first call with both decoding runs six steps: ${six.calls.join(",")}`);
+});

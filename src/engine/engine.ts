@@ -236,8 +236,10 @@ export class Engine {
    * Decode steps for this call (--num-scheduler-steps): more than one only when every running
    * request is a plain decode row in it (no grammar, past min_tokens, no prompt log-probs), no
    * waiting request could start at the next step (it would wait out the run; one that waits for a
-   * full batch's slot it cannot take does not count), none would pass its max_tokens or the
-   * context length, and the blocks for the extra tokens are free now (allocated here).
+   * full batch's slot it cannot take does not count), none would pass the context length, and
+   * the blocks for the extra tokens are free now (allocated here). A request that reaches its
+   * max_tokens inside a run ends there, like one that stops (the run's later rows of it are
+   * dropped), so that one request near its end does not shorten every run of the batch.
    */
   private decodeSteps(scheduled: readonly ScheduledRequest[]): number {
     let k = this.config.numSchedulerSteps;
@@ -245,7 +247,7 @@ export class Engine {
     for (const { request: r, numTokens, sample } of scheduled) {
       const p = r.params;
       if (numTokens !== 1 || !sample || r.outputTokenIds.length === 0 || r.grammar || r.outputTokenIds.length < p.minTokens || p.promptLogprobs !== null) return 1;
-      k = Math.min(k, p.maxTokens - r.outputTokenIds.length, this.limits.maxModelLen - r.numTokens);
+      k = Math.min(k, this.limits.maxModelLen - r.numTokens);
     }
     if (k <= 1) return 1;
     return scheduled.every((s) => this.kv.allocateSlots(s.request, k)) ? k : 1;
