@@ -250,7 +250,10 @@ export class Engine {
       k = Math.min(k, this.limits.maxModelLen - r.numTokens);
     }
     if (k <= 1) return 1;
-    return scheduled.every((s) => this.kv.allocateSlots(s.request, k)) ? k : 1;
+    const needed = scheduled.reduce((n, s) => n + this.kv.blocksNeeded(s.request, k), 0);
+    if (needed > this.kv.pool.numFree) return 1;  // taking blocks for a run could push a later step into preemption
+    for (const s of scheduled) this.kv.allocateSlots(s.request, k);
+    return k;
   }
 
   /** Starts the step (the runner launches it before returning); a failure to start rejects its result. */

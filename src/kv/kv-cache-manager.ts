@@ -66,8 +66,7 @@ export class KvCacheManager {
    */
   allocateSlots(seq: KvSequence, numNewTokens: number, cached: readonly Block[] = []): boolean {
     const table = this.tables.get(seq.id) ?? [];
-    const computed = seq.numComputedTokens + cached.length * this.blockSize;
-    const needed = Math.ceil((computed + numNewTokens) / this.blockSize) - table.length - cached.length;
+    const needed = this.blocksNeeded(seq, numNewTokens, cached);
     const cachedFree = cached.filter((b) => b.free).length; // touching these takes them off the free list
     if (needed > this.pool.numFree - cachedFree) return false;
     for (const b of cached) this.pool.touch(b);
@@ -75,6 +74,12 @@ export class KvCacheManager {
     this.tables.set(seq.id, [...table, ...cached, ...fresh]);
     if (cached.length) this.hashes.set(seq.id, cached.map((b) => b.hash!));
     return true;
+  }
+
+  /** New blocks allocateSlots(seq, numNewTokens, cached) would take (0 when its table holds them). */
+  blocksNeeded(seq: KvSequence, numNewTokens: number, cached: readonly Block[] = []): number {
+    const computed = seq.numComputedTokens + cached.length * this.blockSize;
+    return Math.max(0, Math.ceil((computed + numNewTokens) / this.blockSize) - (this.tables.get(seq.id)?.length ?? 0) - cached.length);
   }
 
   /** Registers the request's newly full blocks in the prefix cache. */
