@@ -416,7 +416,7 @@ Sampled sampleToken(const Kernels& k, const float* logits, int vocab, const Samp
                     const int32_t* prompt, int nPrompt, const int32_t* output, int nOutput,
                     int topN, int32_t* topIds, float* topLps, std::vector<float>& scratch) {
   // Log-probs are reported from the model's raw distribution, as vLLM does by default.
-  if (!allFinite(logits, vocab)) return failed("the model produced non-finite logits");
+  if (!allFinite(logits, vocab)) return failed(kNonFiniteLogits);
   const int best = argmax(logits, vocab);
   const float maxLogit = logits[best];
   const float lse = logSumExp(k, logits, vocab, maxLogit, scratch);

@@ -29,6 +29,9 @@ struct Sampled {
   const char* error = nullptr;  // why this row could not be sampled (token stays -1)
 };
 
+// A row's error when its logits hold a NaN or an infinity (the CPU sampler's and the GPU argmax's).
+constexpr const char* kNonFiniteLogits = "the model produced non-finite logits";
+
 // Why `p` cannot be sampled with (a field out of range once rounded to float32), or null.
 const char* samplingError(const SamplingParams& p);
 

@@ -20,10 +20,11 @@ void validateDecodeSteps(const ModelConfig& cfg, const StepInput& in) {
   require(B == T && in.sampleRows.size() == T, "decode steps need one sampled row per sequence");
   for (size_t i = 0; i < T; i++) {
     require(in.sampleRows[i] == static_cast<int32_t>(i) && in.maskOffsets[i] == -1, "decode steps sample every row in order, without masks");
-    const int last = in.positions[i] + in.decodeSteps;  // context length after the last sub-step
     require(in.contextLens[i] == in.positions[i] + 1, "a decode row is its sequence's last token");
-    require((last + cfg.blockSize - 1) / cfg.blockSize <= in.maxBlocks, "the block table does not hold every decode step");
-    for (int b = 0; b < (last + cfg.blockSize - 1) / cfg.blockSize; b++) {
+    // The blocks through the last sub-step's position; validateStep checked those of this one.
+    const int blocks = (in.positions[i] + in.decodeSteps + cfg.blockSize - 1) / cfg.blockSize;
+    require(blocks <= in.maxBlocks, "the block table does not hold every decode step");
+    for (int b = (in.contextLens[i] + cfg.blockSize - 1) / cfg.blockSize; b < blocks; b++) {
       const int32_t id = in.blockTables[i * in.maxBlocks + b];
       require(id >= 0, "the block table does not hold every decode step");
       require(id < cfg.numBlocks, "block id out of range");

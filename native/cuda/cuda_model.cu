@@ -477,18 +477,8 @@ class CudaModel : public Backend {
               "copy back");
     }
     check(cudaStreamSynchronize(stream_), "step");
-    std::vector<int> failed;  // greedy rows with non-finite logits: the CPU sampler reports them
-    for (int i = 0; i < S; i++) {
-      if (out.rowErrors[i] || in.returnLogits || !greedyOnGpu(in, i)) continue;
-      const cuda::Greedy& g = hostGreedy_.get()[i];
-      if (g.finite) {
-        out.tokens[i] = g.token;
-        out.logprobs[i] = g.logprob;
-      } else {
-        out.tokens[i] = -1;
-        out.rowErrors[i] = "the model produced non-finite logits";
-      }
-    }
+    for (int i = 0; i < S; i++)
+      if (!out.rowErrors[i] && !in.returnLogits && greedyOnGpu(in, i)) takeGreedy(hostGreedy_.get()[i], out, i);
     const bool masksMade = awaitMasks(in);
     const auto start = std::chrono::steady_clock::now();
     const float* logits = hostLogits_.get();
@@ -516,14 +506,26 @@ class CudaModel : public Backend {
       const char* error = first.rowErrors[i];
       for (int j = 0; j < k; j++) {
         const size_t at = static_cast<size_t>(j) * T + i;
-        if (!error && !sampled[at].finite) error = "the model produced non-finite logits";
-        out.rowErrors[at] = error;
-        if (error) continue;
-        out.tokens[at] = sampled[at].token;
-        out.logprobs[at] = sampled[at].logprob;
+        if (error) {
+          out.rowErrors[at] = error;
+        } else {
+          takeGreedy(sampled[at], out, at);
+          error = out.rowErrors[at];
+        }
       }
     }
     return out;
+  }
+
+  // Row `at` of `out` from its GPU argmax: the token and its log-prob, or the non-finite logits' error.
+  static void takeGreedy(const cuda::Greedy& g, StepOutput& out, size_t at) {
+    if (g.finite) {
+      out.tokens[at] = g.token;
+      out.logprobs[at] = g.logprob;
+    } else {
+      out.tokens[at] = -1;
+      out.rowErrors[at] = kNonFiniteLogits;
+    }
   }
 
   // A call's time and tokens in the profile: GPU work is asynchronous, so without WEFT_CUDA_PROFILE=1
