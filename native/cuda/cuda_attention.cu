@@ -3,6 +3,7 @@
 #include "cuda_device.cuh"
 #include <cfloat>
 #include <stdexcept>
+#include <type_traits>
 
 namespace weft::cuda {
 namespace {
@@ -232,6 +233,27 @@ template <> struct Eight<__half> : EightHalves<__half> {
 // The head sizes attendPacked takes (hd / 8 lanes a key): the fixtures' 16 and the common 64 and 128.
 bool packedHeadDim(int hd) { return hd == 16 || hd == 64 || hd == 128; }
 
+// U keys of one attendPacked stream as its lane holds them: each key's K and V eight dimensions.
+template <class E, int U> struct KeyBatch {
+  Eight<E> k[U], v[U];
+};
+
+// Loads the batch of the stream of lane sub (of 32 / LPK a warp) and dimension part whose first key is
+// base + sub, U keys S apart, read through the row's block table from KV head kvh; keys past k1 load k1
+// (a valid key, ignored when absorbed).
+template <class E, int LPK, int U>
+__device__ __forceinline__ void loadKeys(KeyBatch<E, U>& b, const AttentionArgs& a, const int32_t* table, int kvh, int base, int k1) {
+  constexpr int S = kAttnWarps * 32 / LPK, HD = 8 * LPK;
+  const int lane = threadIdx.x & 31, sub = lane / LPK, part = lane % LPK;
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int key = min(base + sub + u * S, k1);
+    const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * HD + part * 8;
+    b.k[u].load(static_cast<const E*>(a.kCache) + at);
+    b.v[u].load(static_cast<const E*>(a.vCache) + at);
+  }
+}
+
 // attend() for the head sizes of packedHeadDim, hd = 8 · LPK: each key's K and V rows are read by LPK
 // lanes, eight consecutive dimensions a lane in one 16-byte load (two for fp32), so a warp takes 32 /
 // LPK keys at once and a key costs a few dozen instructions, where attend() spends over a hundred
@@ -239,16 +261,16 @@ bool packedHeadDim(int hd) { return hd == 16 || hd == 64 || hd == 128; }
 // (lane % LPK) · 8 ..., scaled. Stream s = warp · 32 / LPK + lane / LPK of the block's S streams takes
 // keys k0 + s, k0 + s + S, ..., U of them per iteration (loaded before any is used); each runs the
 // online softmax over its keys in order, and the streams are merged in stream order at the end. The
-// order depends on the row's length alone: not on its batch, G or U.
+// order depends on the row's length alone: not on its batch, G or U. `first`: the first iteration's
+// keys, loaded already (decodeAttentionKernel), or null.
 template <class E, int LPK, int G, int U>
-__device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int h0, int kvh, int c, int chunks, const float (&q)[G][8]) {
+__device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int h0, int kvh, int c, int chunks, const float (&q)[G][8],
+                                             const KeyBatch<E, U>* first = nullptr) {
   constexpr int KPW = 32 / LPK, S = kAttnWarps * KPW, HD = 8 * LPK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK, stream = warp * KPW + sub;
   const int last = a.positions[t];
   const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
-  const E* K = static_cast<const E*>(a.kCache);
-  const E* V = static_cast<const E*>(a.vCache);
   float acc[G][8], m[G], l[G];
 #pragma unroll
   for (int g = 0; g < G; g++) {
@@ -257,16 +279,7 @@ __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int 
     m[g] = -FLT_MAX;
     l[g] = 0.0f;
   }
-  // The loop runs while the warp's first stream has keys, so every lane takes part in the shuffles.
-  for (int base = k0 + warp * KPW; base <= k1; base += S * U) {
-    Eight<E> kr[U], vr[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int key = min(base + sub + u * S, k1);  // past the end: a valid key, ignored below
-      const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * HD + part * 8;
-      kr[u].load(K + at);
-      vr[u].load(V + at);
-    }
+  const auto absorb = [&](const KeyBatch<E, U>& b, int base) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
       float score[U];
@@ -274,7 +287,7 @@ __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int 
       for (int u = 0; u < U; u++) {
         float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) dot += q[g][i] * kr[u][i];
+        for (int i = 0; i < 8; i++) dot += q[g][i] * b.k[u][i];
 #pragma unroll
         for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
         score[u] = dot;
@@ -282,9 +295,20 @@ __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int 
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (base + sub + u * S > k1) break;
-        absorbKey(m[g], l[g], acc[g], score[u], vr[u]);
+        absorbKey(m[g], l[g], acc[g], score[u], b.v[u]);
       }
     }
+  };
+  // An iteration runs while the warp's first stream has keys, so every lane takes part in the shuffles.
+  int base = k0 + warp * KPW;
+  if (first) {
+    if (base <= k1) absorb(*first, base);
+    base += S * U;
+  }
+  for (; base <= k1; base += S * U) {
+    KeyBatch<E, U> b;
+    loadKeys<E, LPK, U>(b, a, table, kvh, base, k1);
+    absorb(b, base);
   }
   __shared__ float ms[S], ls[S];
   __shared__ __align__(16) float accs[S * HD];
@@ -351,59 +375,97 @@ __global__ void __launch_bounds__(kAttnWarps * 32) packedAttentionKernel(Attenti
   attendPacked<E, LPK, G, Early ? kPackedUnrollEarly : kPackedUnroll>(a, t, h0, h0 / (a.heads / a.kvHeads), c, chunks, q);
 }
 
+// Eight floats as the cache holds them (rounded to E by store<E>), packed as Eight<E>::load reads them
+// from there: the same bits as writing them to the cache and loading them back.
+template <class E> __device__ __forceinline__ uint32_t cachedPair(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t cachedPair<bf16>(float lo, float hi) {
+  return __bfloat16_as_ushort(store<bf16>(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(store<bf16>(hi))) << 16);
+}
+template <> __device__ __forceinline__ uint32_t cachedPair<__half>(float lo, float hi) {
+  return __half_as_ushort(store<__half>(lo)) | (static_cast<uint32_t>(__half_as_ushort(store<__half>(hi))) << 16);
+}
+template <class E> __device__ __forceinline__ Eight<E> cachedEight(const float* x) {
+  Eight<E> r;
+  if constexpr (std::is_same_v<E, float>) {
+    r.lo = make_float4(x[0], x[1], x[2], x[3]);
+    r.hi = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+    r.w = make_uint4(cachedPair<E>(x[0], x[1]), cachedPair<E>(x[2], x[3]), cachedPair<E>(x[4], x[5]), cachedPair<E>(x[6], x[7]));
+  }
+  return r;
+}
+
 // A decode step (each row its sequence's one new token, at most kFewRows rows, hd 16, 64 or 128) with the
 // q/k/v epilogue folded into attention: one block per (row, query head, chunk), launched with PDL.
 // Threads 0 .. HT - 1 (HT: hd rounded up to a warp) compute the q head and the v head, threads HT ..
 // 2·HT - 1 the k head, each as qkvKernel does (the same bits); the blocks of the row's last chunk
-// write the new key and value into the cache (the group's query heads all write the same bits) and
-// then read it back with the other keys, so no block needs another's work. One kernel a layer fewer,
-// and no round trip of q through memory.
+// write the new key and value into the cache (the group's query heads all write the same bits). One
+// kernel a layer fewer, and no round trip of q through memory.
+//
+// Every load the chain after the q/k/v GEMV would wait for is issued before its PDL wait where it can
+// be: the step's inputs (position, slot, RoPE), and the first iteration of the cached keys; the row's
+// own key and value come from shared memory instead of the cache. And the output projection, whose
+// weight loads queue ahead of any issued after them, is let start only once the q/k/v row is in. On
+// the H200, one row at 128 keys: 676-681 -> 623-630 µs a step (docs/GPU.md, session 43).
 constexpr int kDecodeHeadDim = kAttnWarps * 32 / 2;  // the q and k heads side by side fill the block
 template <class E, int LPK>
 __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs e, AttentionArgs a) {
-  __shared__ float qs[kDecodeHeadDim], ks[kDecodeHeadDim];
-  allowDependents();  // the output projection may start loading its weights
+  constexpr int S = kAttnWarps * 32 / LPK, U = kPackedUnrollEarly;
+  __shared__ float qs[kDecodeHeadDim], ks[kDecodeHeadDim], vs[kDecodeHeadDim];
   const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, hd = a.hd, half = hd / 2;
   const int kvh = h / (a.heads / a.kvHeads), HT = (hd + 31) & ~31, nw = HT >> 5;
   const bool isK = static_cast<int>(threadIdx.x) >= HT;
   const int d = isK ? threadIdx.x - HT : threadIdx.x;
-  // This thread's q (or k) head and element, and its v element; the weights are read before the wait.
+  // This thread's q (or k) head and element, and its v element.
   const int head = isK ? a.heads + kvh : h, vHead = a.heads + a.kvHeads + kvh;
   const float* norm = isK ? e.kNorm : e.qNorm;
   const bool in = d < hd;
   const float weight = in && norm ? norm[d] : 0.0f;
   const float bias = in && e.bias ? e.bias[head * hd + d] : 0.0f, vBias = in && e.bias ? e.bias[vHead * hd + d] : 0.0f;
-  awaitPrerequisites();  // the q/k/v GEMV
-  const int chunks = attentionChunks(a.positions[t] + 1);
+  const int last = a.positions[t], chunks = attentionChunks(last + 1);
   if (c >= chunks) return;
+  const size_t cacheAt = (static_cast<size_t>(e.slots[t]) * a.kvHeads + kvh) * hd;
+  const float2 cs = d < half ? e.rope[static_cast<size_t>(t) * half + d] : float2{};
+  const int k0 = c * kAttnChunk, base = k0 + (threadIdx.x >> 5) * (32 / LPK), sub = (threadIdx.x & 31) / LPK, part = (threadIdx.x & 31) % LPK;
+  KeyBatch<E, U> first;  // the row's own key (last) is loaded stale here and replaced below
+  loadKeys<E, LPK, U>(first, a, a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks, kvh, base, min(last, k0 + kAttnChunk - 1));
+  awaitPrerequisites();  // the q/k/v GEMV
   const bool writes = c == chunks - 1;  // the chunk holding the row's own key
   const float* row = e.qkv + static_cast<size_t>(t) * (a.heads + 2 * a.kvHeads) * hd;
   float x = in ? row[static_cast<size_t>(head) * hd + d] + bias : 0.0f;
+  const float nv = !isK && in ? row[static_cast<size_t>(vHead) * hd + d] + vBias : 0.0f;
   if (e.qNorm || e.kNorm) {  // block-uniform: both halves reduce together
     const float inv = headInverseRms(x, isK ? nw : 0, nw, hd, e.eps);
     if (in && norm) x = weight * (x * inv);
   }
+  allowDependents();  // the output projection may start loading its weights
   float* v = isK ? ks : qs;
   if (in) v[d] = x;
   __syncthreads();
-  const size_t cacheAt = (static_cast<size_t>(e.slots[t]) * a.kvHeads + kvh) * hd;
   if (d < half) {
-    const float2 r = rotated(v[d], v[d + half], e.rope[static_cast<size_t>(t) * half + d]);
-    if (!isK) {
-      qs[d] = r.x;
-      qs[d + half] = r.y;
-    } else if (writes) {
+    const float2 r = rotated(v[d], v[d + half], cs);
+    v[d] = r.x;
+    v[d + half] = r.y;
+    if (isK && writes) {
       static_cast<E*>(e.kCache)[cacheAt + d] = store<E>(r.x);
       static_cast<E*>(e.kCache)[cacheAt + d + half] = store<E>(r.y);
     }
   }
-  if (!isK && in && writes) static_cast<E*>(e.vCache)[cacheAt + d] = store<E>(row[static_cast<size_t>(vHead) * hd + d] + vBias);
-  __syncthreads();  // q in shared memory, the new key and value in the cache
+  if (!isK && in) {
+    vs[d] = nv;
+    if (writes) static_cast<E*>(e.vCache)[cacheAt + d] = store<E>(nv);
+  }
+  __syncthreads();  // q and the new key and value in shared memory (and the cache)
   float q[1][8];
-  const int part = (threadIdx.x & 31) % LPK;
 #pragma unroll
   for (int i = 0; i < 8; i++) q[0][i] = qs[part * 8 + i] * a.scale;
-  attendPacked<E, LPK, 1, kPackedUnrollEarly>(a, t, h, kvh, c, chunks, q);
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    if (base + sub + u * S == last) {
+      first.k[u] = cachedEight<E>(ks + part * 8);
+      first.v[u] = cachedEight<E>(vs + part * 8);
+    }
+  attendPacked<E, LPK, 1, U>(a, t, h, kvh, c, chunks, q, &first);
 }
 
 // One block per (row, query head) of a row split into chunks: the chunks' partials merged in chunk
