@@ -134,11 +134,11 @@ for (const model of MODELS) {
 // Two cached prompts of the `small` preset whose decode rows the one-row and folded-attention tests compare.
 const promptA = Array.from({ length: 20 }, (_, i) => 100 + i * 37), promptB = Array.from({ length: 24 }, (_, i) => 900 + i * 53);
 
-// The fixtures' hidden sizes (48, 64) are below the one-row GEMV's K = 256·L, so a random `small`
-// (hidden 256, intermediate 768) checks it: a lone row takes the GEMVs that fold in the RMSNorm and
-// SiLU·mul, wait for the kernel before them (PDL) and, for the LM head, take two columns a warp;
-// beside a second row the same row takes RMSNorm, SiLU·mul and the skinny kernel. The same arithmetic
-// in the same order: the same bits.
+// The fixtures' hidden sizes (48, 64) are below the GEMV's K = 256·L, so a random `small` (hidden 256,
+// intermediate 768) checks it: a lone row takes the GEMVs that fold in the RMSNorm and SiLU·mul, wait
+// for the kernel before them (PDL) and, for the LM head, take two columns a warp; beside a second row
+// the same row takes the two-row GEMVs, each weight serving both rows. Each row's arithmetic in the
+// same order: the same bits.
 test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, PDL) gives the bits of that row in a two-row step", { skip }, async () => {
   const dir = makeModel({ preset: "small", out: tempDir() });
   const runner = await ModelRunner.create(loadCheckpoint(dir), { numBlocks: 64, blockSize: BLOCK, dtype: "bfloat16" }, "bfloat16", "cuda");
@@ -152,7 +152,7 @@ test("cuda: a one-row decode step (RMSNorm and SiLU·mul folded into the GEMVs, 
 // A decode step (each row its sequence's one new token) folds the q/k/v epilogue into attention; a step
 // with a chunk of two tokens runs them as two kernels. A decode row must give the bits of the same
 // position as the first row of its sequence's two-token chunk. Every step has at most two rows, so
-// every GEMM takes the skinny kernel (steps of more rows sum in another order). The fold loads its
+// every GEMM takes the one- or two-row GEMV (steps of more rows sum in another order). The fold loads its
 // first keys before its PDL wait and takes its new key from shared memory: the short prompts' new key
 // falls in that first load, the 530-token one's too but in a second chunk of 512 keys, and the
 // 800-token one's in a later load of the second chunk (read back from the cache).

@@ -62,14 +62,15 @@ struct GemvInput {
   float eps;
 };
 
-// One row (a decode step of one sequence, K = 256·L): the skinny kernel's arithmetic in the same order,
-// so the same bits, but each lane loads all L of its weight chunks before it waits for the kernel that
-// wrote x (PDL): the weights stream while that kernel finishes, instead of after a launch gap. With Norm
-// or SiluMul it also does the elementwise step before it (one kernel fewer): the block computes the
-// row once into shared memory (each warp doing the whole row itself moved four times its weights'
-// bytes through L1), the norm weights loaded before the wait too.
+// One or two rows (a decode step of one or two sequences, K = 256·L): the skinny kernel's arithmetic in
+// the same order, so the same bits, but each lane loads all L of its weight chunks before it waits for
+// the kernel that wrote x (PDL): the weights stream while that kernel finishes, instead of after a
+// launch gap. With Norm or SiluMul it also does the elementwise step before it (one kernel fewer): the
+// block computes each row once into shared memory (each warp doing the whole row itself moved four
+// times its weights' bytes through L1), the norm weights loaded before the wait too. Each weight
+// loaded serves all R rows; a row's arithmetic does not depend on R.
 constexpr int kGemvWarps = 8;
-template <int L, GemvIn In, int C>
+template <int L, GemvIn In, int C, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, const bf16* w, int N, int K, float* y, float beta) {
   constexpr bool kStaged = In != GemvIn::Bf16;
   constexpr int kThreads = kGemvWarps * 32, kPer = kStaged ? 256 * L / kThreads : 1;  // row elements a thread computes
@@ -91,53 +92,62 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemvKernel(GemvInput in, cons
   allowDependents();  // the next kernel may start (a GEMV loading its weights) while this one waits
   awaitPrerequisites();
   // Plain loads below: x was written after this kernel started.
-  __shared__ uint4 staged[kStaged ? 32 * L : 1];
+  __shared__ uint4 staged[kStaged ? R * 32 * L : 1];
   if constexpr (kStaged) {
-    const float* x = static_cast<const float*>(in.x);
-    bf16* xb = reinterpret_cast<bf16*>(staged);
-    float xr[kPer], up[kPer];  // SiluMul: xr the gate, up the up projection
 #pragma unroll
-    for (int j = 0; j < kPer; j++) {
-      xr[j] = x[threadIdx.x + kThreads * j];
-      if constexpr (In == GemvIn::SiluMul) up[j] = x[K + threadIdx.x + kThreads * j];
-    }
-    if constexpr (In == GemvIn::Norm) {
-      float ss = 0.0f;
+    for (int t = 0; t < R; t++) {
+      const float* x = static_cast<const float*>(in.x) + static_cast<size_t>(t) * (In == GemvIn::SiluMul ? 2 * K : K);
+      bf16* xb = reinterpret_cast<bf16*>(staged + t * 32 * L);
+      float xr[kPer], up[kPer];  // SiluMul: xr the gate, up the up projection
 #pragma unroll
-      for (int j = 0; j < kPer; j++) ss = addSquare(ss, xr[j]);  // inverseRms's order
-      const float inv = inverseRmsOf(ss, K, in.eps);
+      for (int j = 0; j < kPer; j++) {
+        xr[j] = x[threadIdx.x + kThreads * j];
+        if constexpr (In == GemvIn::SiluMul) up[j] = x[K + threadIdx.x + kThreads * j];
+      }
+      if constexpr (In == GemvIn::Norm) {
+        float ss = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = normed(xr[j], g[j], inv);
-    } else {
+        for (int j = 0; j < kPer; j++) ss = addSquare(ss, xr[j]);  // inverseRms's order
+        const float inv = inverseRmsOf(ss, K, in.eps);
 #pragma unroll
-      for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = siluTimes(xr[j], up[j]);
+        for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = normed(xr[j], g[j], inv);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPer; j++) xb[threadIdx.x + kThreads * j] = siluTimes(xr[j], up[j]);
+      }
     }
     __syncthreads();
   }
   if (n >= N) return;  // whole warps only (after the block-wide steps)
-  float acc[C] = {};
+  float acc[R][C] = {};
 #pragma unroll
   for (int i = 0; i < L; i++) {
     const int c = lane + 32 * i;
-    const uint4 xv = kStaged ? staged[c] : static_cast<const uint4*>(in.x)[c];
-    const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
-    for (int col = 0; col < C; col++) {
-      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[col][i]);
+    for (int t = 0; t < R; t++) {
+      const uint4 xv = kStaged ? staged[t * 32 * L + c] : static_cast<const uint4*>(in.x)[static_cast<size_t>(t) * 32 * L + c];
+      const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float2 xf = __bfloat1622float2(xp[j]), wf = __bfloat1622float2(wp[j]);
-        acc[col] = fmaf(xf.x, wf.x, acc[col]);
-        acc[col] = fmaf(xf.y, wf.y, acc[col]);
+      for (int col = 0; col < C; col++) {
+        const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[col][i]);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float2 xf = __bfloat1622float2(xp[j]), wf = __bfloat1622float2(wp[j]);
+          acc[t][col] = fmaf(xf.x, wf.x, acc[t][col]);
+          acc[t][col] = fmaf(xf.y, wf.y, acc[t][col]);
+        }
       }
     }
   }
 #pragma unroll
-  for (int col = 0; col < C; col++) {
-    if (n + col >= N) break;  // whole warps
-    const float v = warpSum(acc[col]);
-    if (lane == 0) y[n + col] = beta == 0.0f ? v : v + beta * y[n + col];
-  }
+  for (int t = 0; t < R; t++)
+#pragma unroll
+    for (int col = 0; col < C; col++) {
+      if (n + col >= N) break;  // whole warps
+      const float v = warpSum(acc[t][col]);
+      float* out = y + static_cast<size_t>(t) * N + n + col;
+      if (lane == 0) *out = beta == 0.0f ? v : v + beta * *out;
+    }
 }
 
 // Steps of kSkinnyRows + 1 to kMmaRows rows: the tensor cores' m16n8k16 MMA with the weights as A (16
@@ -218,30 +228,37 @@ __global__ void __launch_bounds__(W * 32) mmaRowsKernel(const bf16* x, int T, co
 
 constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
 using GemvKernel = void (*)(GemvInput, const bf16*, int, int, float*, float);
-template <GemvIn In, int C, int... Ls>
+template <GemvIn In, int C, int R, int... Ls>
 constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {
   GemvKernel k = nullptr;
-  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, In, C> : k), ...);
+  ((k = (l == Ls + 1) ? gemvKernel<Ls + 1, In, C, R> : k), ...);
   return k;
 }
 
-// One row, K = 256·L. A warp takes two columns (kernels for L <= 8 only: their registers hold) where
-// one a warp would need more blocks than the GPU holds at once: the second wave's blocks would start
-// their weight loads only when the first wave's end. Each column's arithmetic is the same either way.
-template <GemvIn In>
-bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
-  if (K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
+// One or two rows (T), K = 256·L. A warp takes two columns (kernels for L <= 8 only: their registers
+// hold) where one a warp would need more blocks than the GPU holds at once: the second wave's blocks
+// would start their weight loads only when the first wave's end. Each column's arithmetic is the same
+// either way.
+template <GemvIn In, int R>
+void launchGemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   constexpr auto chunks = std::make_integer_sequence<int, kGemvMaxChunks>{};
   constexpr auto pairChunks = std::make_integer_sequence<int, kGemvMaxChunks / 2>{};
-  const GemvKernel one = gemvFor<In, 1>(K / 256, chunks);
+  const GemvKernel one = gemvFor<In, 1, R>(K / 256, chunks);
   const int blocks = (N + kGemvWarps - 1) / kGemvWarps;
   int resident = 0;
   const bool pairs = K / 256 <= kGemvMaxChunks / 2 &&
                      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, one, kGemvWarps * 32, 0) == cudaSuccess &&
                      blocks > resident * smCount();
-  const GemvKernel kernel = pairs ? gemvFor<In, 2>(K / 256, pairChunks) : one;
+  const GemvKernel kernel = pairs ? gemvFor<In, 2, R>(K / 256, pairChunks) : one;
   const int grid = pairs ? (N + 2 * kGemvWarps - 1) / (2 * kGemvWarps) : blocks;
   launchPdl("gemv", true, kernel, dim3(grid), dim3(kGemvWarps * 32), 0, s, in, w, N, K, y, beta);
+}
+
+template <GemvIn In>
+bool gemv(GemvInput in, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  if (T < 1 || T > kSkinnyRows || K % 256 != 0 || K / 256 > kGemvMaxChunks) return false;
+  if (T == 1) launchGemv<In, 1>(in, w, N, K, y, beta, s);
+  else launchGemv<In, 2>(in, w, N, K, y, beta, s);
   return true;
 }
 
@@ -249,7 +266,7 @@ bool gemv(GemvInput in, const bf16* w, int N, int K, float* y, float beta, cudaS
 
 void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
   if (T < 1 || T > kSkinnyRows || K % 8 != 0) throw std::invalid_argument("skinnyGemm: T must be 1 or 2 and K a multiple of 8");
-  if (T == 1 && gemv<GemvIn::Bf16>({x, nullptr, 0.0f}, w, N, K, y, beta, s)) return;
+  if (gemv<GemvIn::Bf16>({x, nullptr, 0.0f}, T, w, N, K, y, beta, s)) return;
   const int blocks = (N + kSkinnyWarps - 1) / kSkinnyWarps, threads = kSkinnyWarps * 32;
   if (T == 1) skinnyKernel<1><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
   else skinnyKernel<2><<<blocks, threads, 0, s>>>(x, T, w, N, K, y, beta);
@@ -267,12 +284,12 @@ bool mmaRowsGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, fl
   return true;
 }
 
-bool normedGemv(const float* x, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
-  return gemv<GemvIn::Norm>({x, norm, eps}, w, N, K, y, beta, s);
+bool normedGemv(const float* x, int T, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s) {
+  return gemv<GemvIn::Norm>({x, norm, eps}, T, w, N, K, y, beta, s);
 }
 
-bool siluMulGemv(const float* gu, const bf16* w, int N, int I, float* y, float beta, cudaStream_t s) {
-  return gemv<GemvIn::SiluMul>({gu, nullptr, 0.0f}, w, N, I, y, beta, s);
+bool siluMulGemv(const float* gu, int T, const bf16* w, int N, int I, float* y, float beta, cudaStream_t s) {
+  return gemv<GemvIn::SiluMul>({gu, nullptr, 0.0f}, T, w, N, I, y, beta, s);
 }
 
 }  // namespace weft::cuda

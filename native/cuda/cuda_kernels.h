@@ -82,13 +82,14 @@ void skinnyGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, flo
 constexpr int kMmaRows = 16;
 bool mmaRowsGemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
 
-// One row: y (N, fp32) = bf16(RMSNorm(x) · norm) · wᵀ + beta · y in one kernel, the same bits as
-// rmsnormToBf16 and then skinnyGemm. False (nothing launched) unless K is a multiple of 256, at most 4096.
-bool normedGemv(const float* x, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
-// One row: y (N, fp32) = siluMul(gu) · wᵀ + beta · y in one kernel (gu: the fused gate/up output, 2I
-// floats), the same bits as siluMul and then skinnyGemm. False (nothing launched) unless I is a
+// One or two rows (T <= kSkinnyRows): y (T × N, fp32) = bf16(RMSNorm(x) · norm) · wᵀ + beta · y in one
+// kernel, the same bits as rmsnormToBf16 and then skinnyGemm. False (nothing launched) unless K is a
 // multiple of 256, at most 4096.
-bool siluMulGemv(const float* gu, const bf16* w, int N, int I, float* y, float beta, cudaStream_t s);
+bool normedGemv(const float* x, int T, const float* norm, float eps, const bf16* w, int N, int K, float* y, float beta, cudaStream_t s);
+// One or two rows: y (T × N, fp32) = siluMul(gu) · wᵀ + beta · y in one kernel (gu: the fused gate/up
+// output, T × 2I floats), the same bits as siluMul and then skinnyGemm. False (nothing launched)
+// unless I is a multiple of 256, at most 4096.
+bool siluMulGemv(const float* gu, int T, const bf16* w, int N, int I, float* y, float beta, cudaStream_t s);
 
 // out[t, i] = bf16(silu(gu[t, i]) · gu[t, I + i]) for the fused gate/up output (T × 2I).
 void siluMul(const float* gu, int T, int I, bf16* out, cudaStream_t s);

@@ -261,8 +261,8 @@ class CudaModel : public Backend {
   }
 
   // y (T × N, fp32) = x (T × K, bf16) · wᵀ (w: N × K, bf16, row-major) + beta · y. One or two rows
-  // (decode steps of one or two sequences) go to the skinny kernel, which streams the weights at the
-  // memory's pace; up to kMmaRows rows to the tensor-core kernel that streams them too; more to
+  // (decode steps of one or two sequences) go to the GEMV that loads its weights before its PDL wait
+  // (or, for K it does not take, the skinny kernel), which streams the weights at the memory's pace; up to kMmaRows rows to the tensor-core kernel that streams them too; more to
   // cuBLAS. A row's result can therefore differ in the last bits between steps whose row counts take
   // different paths (see docs/GPU.md, batch invariance).
   void gemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
@@ -274,21 +274,21 @@ class CudaModel : public Backend {
           "gemm");
   }
 
-  // y = bf16(RMSNorm(x_) · norm) · wᵀ + beta · y (K = hidden): one fused kernel for one row, else the
-  // norm into xn_ and then the GEMM. The same bits either way.
+  // y = bf16(RMSNorm(x_) · norm) · wᵀ + beta · y (K = hidden): one fused kernel for one or two rows,
+  // else the norm into xn_ and then the GEMM. The same bits either way.
   void normedGemm(const float* norm, int T, const bf16* w, int N, float* y, float beta) {
     const int H = cfg_.hidden;
-    if (T == 1 && cuda::normedGemv(x_.get(), norm, cfg_.rmsEps, w, N, H, y, beta, stream_)) return;
+    if (cuda::normedGemv(x_.get(), T, norm, cfg_.rmsEps, w, N, H, y, beta, stream_)) return;
     cuda::rmsnormToBf16(x_.get(), nullptr, H, norm, cfg_.rmsEps, T, xn_.get(), stream_);
     gemm(xn_.get(), T, w, N, H, y, beta);
   }
 
-  // x_ += bf16(SiLU(gate) · up) · downᵀ from the gate/up output gu_: one fused kernel for one row, else
-  // SiLU·mul into xn_ and then the GEMM. The same bits either way.
+  // x_ += bf16(SiLU(gate) · up) · downᵀ from the gate/up output gu_: one fused kernel for one or two
+  // rows, else SiLU·mul into xn_ and then the GEMM. The same bits either way.
   void siluMulGemm(int T, const bf16* down, float* y) {
     const int H = cfg_.hidden, I = cfg_.intermediate;
     bool fused = false;
-    timed(&Profile::matmul, [&] { fused = T == 1 && cuda::siluMulGemv(gu_.get(), down, H, I, y, 1.0f, stream_); });
+    timed(&Profile::matmul, [&] { fused = cuda::siluMulGemv(gu_.get(), T, down, H, I, y, 1.0f, stream_); });
     if (fused) return;
     cuda::siluMul(gu_.get(), T, I, xn_.get(), stream_);
     timed(&Profile::matmul, [&] { gemm(xn_.get(), T, down, H, I, y, 1.0f); });
