@@ -127,6 +127,9 @@ __device__ __forceinline__ void mergeParts(const AttentionArgs& a, int t, int h,
   }
 }
 
+// The last key of chunk c of a row whose new token is at position last.
+__device__ __forceinline__ int chunkLastKey(int last, int c) { return min(last, c * kAttnChunk + kAttnChunk - 1); }
+
 // Row t's query heads h0 .. h0 + G - 1 (qr: each lane's dimensions lane, lane + 32, ..., scaled) over
 // this block's chunk c of the row's keys, read through its block table from KV head kvh. kAttnWarps
 // warps split the chunk's keys; each lane holds DPL head dimensions; each key and value is loaded
@@ -146,8 +149,7 @@ __device__ __forceinline__ void attend(const AttentionArgs& a, int t, int h0, in
   }
   // This block's keys k0 .. k1 (causal: up to the row's own position); a row of one chunk is computed
   // as it was before chunks existed.
-  const int last = a.positions[t];
-  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
+  const int k0 = c * kAttnChunk, k1 = chunkLastKey(a.positions[t], c);
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   const E* K = static_cast<const E*>(a.kCache);
   const E* V = static_cast<const E*>(a.vCache);
@@ -233,22 +235,30 @@ template <> struct Eight<__half> : EightHalves<__half> {
 // The head sizes attendPacked takes (hd / 8 lanes a key): the fixtures' 16 and the common 64 and 128.
 bool packedHeadDim(int hd) { return hd == 16 || hd == 64 || hd == 128; }
 
+// A lane's place among attendPacked's streams (hd = 8 · LPK): LPK lanes a key, KPW keys a warp, S
+// streams a block. In an iteration whose warp starts at key base, the lane's stream takes keys base +
+// sub, base + sub + S, ..., and of each the eight dimensions from part · 8.
+template <int LPK> struct PackedLane {
+  static constexpr int KPW = 32 / LPK, S = kAttnWarps * KPW, HD = 8 * LPK;
+  int warp, sub, part;
+  __device__ PackedLane() : warp(threadIdx.x >> 5), sub((threadIdx.x & 31) / LPK), part((threadIdx.x & 31) % LPK) {}
+  __device__ int firstBase(int c) const { return c * kAttnChunk + warp * KPW; }  // the first iteration's, in chunk c
+  __device__ int key(int base, int u) const { return base + sub + u * S; }         // of the iteration's u-th load
+};
 // U keys of one attendPacked stream as its lane holds them: each key's K and V eight dimensions.
 template <class E, int U> struct KeyBatch {
   Eight<E> k[U], v[U];
 };
 
-// Loads the batch of the stream of lane sub (of 32 / LPK a warp) and dimension part whose first key is
-// base + sub, U keys S apart, read through the row's block table from KV head kvh; keys past k1 load k1
-// (a valid key, ignored when absorbed).
+// Loads this lane's batch of the iteration from key base (PackedLane), read through the row's block
+// table from KV head kvh; keys past k1 load k1 (a valid key, ignored when absorbed).
 template <class E, int LPK, int U>
 __device__ __forceinline__ void loadKeys(KeyBatch<E, U>& b, const AttentionArgs& a, const int32_t* table, int kvh, int base, int k1) {
-  constexpr int S = kAttnWarps * 32 / LPK, HD = 8 * LPK;
-  const int lane = threadIdx.x & 31, sub = lane / LPK, part = lane % LPK;
+  const PackedLane<LPK> p;
 #pragma unroll
   for (int u = 0; u < U; u++) {
-    const int key = min(base + sub + u * S, k1);
-    const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * HD + part * 8;
+    const int key = min(p.key(base, u), k1);
+    const size_t at = (slotOf(table, key, a.blockSize) * a.kvHeads + kvh) * PackedLane<LPK>::HD + p.part * 8;
     b.k[u].load(static_cast<const E*>(a.kCache) + at);
     b.v[u].load(static_cast<const E*>(a.vCache) + at);
   }
@@ -266,10 +276,10 @@ __device__ __forceinline__ void loadKeys(KeyBatch<E, U>& b, const AttentionArgs&
 template <class E, int LPK, int G, int U>
 __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int h0, int kvh, int c, int chunks, const float (&q)[G][8],
                                              const KeyBatch<E, U>* first = nullptr) {
-  constexpr int KPW = 32 / LPK, S = kAttnWarps * KPW, HD = 8 * LPK;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK, stream = warp * KPW + sub;
-  const int last = a.positions[t];
-  const int k0 = c * kAttnChunk, k1 = min(last, k0 + kAttnChunk - 1);
+  constexpr int S = PackedLane<LPK>::S, HD = PackedLane<LPK>::HD;
+  const PackedLane<LPK> p;
+  const int part = p.part, stream = p.warp * PackedLane<LPK>::KPW + p.sub;
+  const int k1 = chunkLastKey(a.positions[t], c);
   const int32_t* table = a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks;
   float acc[G][8], m[G], l[G];
 #pragma unroll
@@ -294,13 +304,13 @@ __device__ __forceinline__ void attendPacked(const AttentionArgs& a, int t, int 
       }
 #pragma unroll
       for (int u = 0; u < U; u++) {
-        if (base + sub + u * S > k1) break;
+        if (p.key(base, u) > k1) break;
         absorbKey(m[g], l[g], acc[g], score[u], b.v[u]);
       }
     }
   };
   // An iteration runs while the warp's first stream has keys, so every lane takes part in the shuffles.
-  int base = k0 + warp * KPW;
+  int base = p.firstBase(c);
   if (first) {
     if (base <= k1) absorb(*first, base);
     base += S * U;
@@ -361,7 +371,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attentionKernel(AttentionArgs
 template <class E, int LPK, int G, bool Early>
 __global__ void __launch_bounds__(kAttnWarps * 32) packedAttentionKernel(AttentionArgs a) {
   allowDependents();  // the output projection may start loading its weights
-  const int t = blockIdx.x, h0 = blockIdx.y * G, c = blockIdx.z, part = (threadIdx.x & 31) % LPK, hd = 8 * LPK;
+  const int t = blockIdx.x, h0 = blockIdx.y * G, c = blockIdx.z, part = PackedLane<LPK>().part, hd = 8 * LPK;
   if constexpr (Early) awaitPrerequisites();  // the q/k/v kernel
   const int chunks = attentionChunks(a.positions[t] + 1);
   if (c >= chunks) return;
@@ -410,7 +420,7 @@ template <class E> __device__ __forceinline__ Eight<E> cachedEight(const float* 
 constexpr int kDecodeHeadDim = kAttnWarps * 32 / 2;  // the q and k heads side by side fill the block
 template <class E, int LPK>
 __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs e, AttentionArgs a) {
-  constexpr int S = kAttnWarps * 32 / LPK, U = kPackedUnrollEarly;
+  constexpr int U = kPackedUnrollEarly;
   __shared__ float qs[kDecodeHeadDim], ks[kDecodeHeadDim], vs[kDecodeHeadDim];
   const int t = blockIdx.x, h = blockIdx.y, c = blockIdx.z, hd = a.hd, half = hd / 2;
   const int kvh = h / (a.heads / a.kvHeads), HT = (hd + 31) & ~31, nw = HT >> 5;
@@ -426,9 +436,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs
   if (c >= chunks) return;
   const size_t cacheAt = (static_cast<size_t>(e.slots[t]) * a.kvHeads + kvh) * hd;
   const float2 cs = d < half ? e.rope[static_cast<size_t>(t) * half + d] : float2{};
-  const int k0 = c * kAttnChunk, base = k0 + (threadIdx.x >> 5) * (32 / LPK), sub = (threadIdx.x & 31) / LPK, part = (threadIdx.x & 31) % LPK;
+  const PackedLane<LPK> p;
   KeyBatch<E, U> first;  // the row's own key (last) is loaded stale here and replaced below
-  loadKeys<E, LPK, U>(first, a, a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks, kvh, base, min(last, k0 + kAttnChunk - 1));
+  loadKeys<E, LPK, U>(first, a, a.blockTables + static_cast<size_t>(a.seqOf[t]) * a.maxBlocks, kvh, p.firstBase(c), chunkLastKey(last, c));
   awaitPrerequisites();  // the q/k/v GEMV
   const bool writes = c == chunks - 1;  // the chunk holding the row's own key
   const float* row = e.qkv + static_cast<size_t>(t) * (a.heads + 2 * a.kvHeads) * hd;
@@ -458,12 +468,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) decodeAttentionKernel(QkvArgs
   __syncthreads();  // q and the new key and value in shared memory (and the cache)
   float q[1][8];
 #pragma unroll
-  for (int i = 0; i < 8; i++) q[0][i] = qs[part * 8 + i] * a.scale;
+  for (int i = 0; i < 8; i++) q[0][i] = qs[p.part * 8 + i] * a.scale;
 #pragma unroll
   for (int u = 0; u < U; u++)
-    if (base + sub + u * S == last) {
-      first.k[u] = cachedEight<E>(ks + part * 8);
-      first.v[u] = cachedEight<E>(vs + part * 8);
+    if (p.key(p.firstBase(c), u) == last) {
+      first.k[u] = cachedEight<E>(ks + p.part * 8);
+      first.v[u] = cachedEight<E>(vs + p.part * 8);
     }
   attendPacked<E, LPK, 1, U>(a, t, h, kvh, c, chunks, q, &first);
 }

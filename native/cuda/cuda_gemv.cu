@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(W * 32) mmaRowsKernel(const bf16* x, int T, co
   }
 }
 
-constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the one-row path
+constexpr int kGemvMaxChunks = 16;  // K up to 4096 on the GEMV
 using GemvKernel = void (*)(GemvInput, const bf16*, int, int, float*, float);
 template <GemvIn In, int C, int R, int... Ls>
 constexpr GemvKernel gemvFor(int l, std::integer_sequence<int, Ls...>) {

@@ -262,8 +262,8 @@ class CudaModel : public Backend {
 
   // y (T × N, fp32) = x (T × K, bf16) · wᵀ (w: N × K, bf16, row-major) + beta · y. One or two rows
   // (decode steps of one or two sequences) go to the GEMV that loads its weights before its PDL wait
-  // (or, for K it does not take, the skinny kernel), which streams the weights at the memory's pace; up to kMmaRows rows to the tensor-core kernel that streams them too; more to
-  // cuBLAS. A row's result can therefore differ in the last bits between steps whose row counts take
+  // (or, for K it does not take, the skinny kernel), which streams the weights at the memory's pace;
+  // up to kMmaRows rows to the tensor-core kernel that streams them too; more to cuBLAS. A row's result can therefore differ in the last bits between steps whose row counts take
   // different paths (see docs/GPU.md, batch invariance).
   void gemm(const bf16* x, int T, const bf16* w, int N, int K, float* y, float beta) {
     if (T <= cuda::kSkinnyRows && K % 8 == 0) return cuda::skinnyGemm(x, T, w, N, K, y, beta, stream_);
