@@ -548,9 +548,9 @@ Napi::Object init(Napi::Env env, Napi::Object exports) {
       throw Napi::Error::New(info.Env(), e.what());
     }
   }));
-  exports.Set("bf16Hardware", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
+  exports.Set("bf16ByDefault", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value {
     try {
-      return Napi::Boolean::New(info.Env(), activeKernels().bf16Hardware);
+      return Napi::Boolean::New(info.Env(), activeKernels().bf16ByDefault);
     } catch (const std::exception& e) {
       throw Napi::Error::New(info.Env(), e.what());
     }
@@ -585,6 +585,7 @@ Napi::Object init(Napi::Env env, Napi::Object exports) {
     r.Set("avx512vnni", f.avx512vnni);
     r.Set("avx512bf16", f.avx512bf16);
     r.Set("amx", f.amx);
+    r.Set("bf16DotHalfRate", f.bf16DotHalfRate);
     return r;
   }));
   return exports;

@@ -216,9 +216,9 @@ struct Kernels {
   ScoresFn scores;
   WeightedSumFn weightedSum;
   MatmulBf16Fn matmulBf16;
-  // Whether matmulBf16 runs on bf16 hardware (vdpbf16ps or AMX) rather than
-  // emulating it with fp32 FMAs: `--dtype auto` picks bfloat16 only then.
-  bool bf16Hardware;
+  // Whether `--dtype auto` picks bfloat16 with this set: where it is the set chosen for the
+  // CPU's bf16 instructions (amx, avx512bf16; avx512 where vdpbf16ps runs at half the FMA rate).
+  bool bf16ByDefault;
   // Attention over a bf16/f16 KV cache (assigned by name after the positional fields).
   ScoresHalfFn scoresHalf = nullptr;
   WeightedSumHalfFn weightedSumHalf = nullptr;
@@ -244,7 +244,8 @@ const Kernels& kernelsAvx2();
 const Kernels& kernelsScalar();
 
 // The kernels in use: the best of AMX, AVX512_BF16, AVX-512, AVX2 and scalar
-// that the CPU (and, for AMX, the kernel) allows. The four vector sets share
+// that the CPU (and, for AMX, the kernel) allows, AVX512_BF16 only where its dot
+// product is the faster (CpuFeatures::bf16DotHalfRate). The four vector sets share
 // the AVX-512 fp32 loops where they have AVX-512. WEFT_ISA=amx|avx512bf16|
 // avx512|avx2|scalar forces one (an unsupported choice is refused).
 const Kernels& activeKernels();
@@ -252,6 +253,11 @@ const Kernels& activeKernels();
 // The CPU features behind the choice (CPUID, and AMX tile permission granted by Linux).
 struct CpuFeatures {
   bool avx2, avx512, avx512vnni, avx512bf16, amx;
+  // vdpbf16ps issues at half the rate of two fp32 FMAs, so the same products take longer by
+  // it than by FMAs on widened weights: on Intel's cores (bf16 dot 186 against fp32 387 GFLOP/s on
+  // two Emerald Rapids vCPUs, 704 against 1,402 on 16 Sapphire Rapids cores; Zen 4's is twice its
+  // FMA rate). There bfloat16 mode without AMX takes the avx512 set (docs/PERFORMANCE.md, session 44).
+  bool bf16DotHalfRate;
 };
 const CpuFeatures& cpuFeatures();
 

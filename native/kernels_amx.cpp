@@ -163,7 +163,7 @@ const Kernels& kernelsAmx() {
     s.name = "amx";
     s.matmulBf16 = matmulBf16;
     s.matmulQuant = matmulQuantAmx;
-    s.bf16Hardware = true;
+    s.bf16ByDefault = true;
     return s;
   }();
   return k;

@@ -3,6 +3,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#include <algorithm>
+#include <vector>
 #include "kernels.h"
 #include "vec_math.h"
 
@@ -86,17 +88,21 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
-// bfloat16 mode, pair order (see MatmulBf16Fn), by fp32 FMAs on widened values:
-// R rows × C 16-column tiles; a 64-byte row of a tile (one input pair of 16
-// columns) is split into its odd and even halves, each widened exactly.
+// bfloat16 mode, pair order (see MatmulBf16Fn), by fp32 FMAs on widened values: R rows × C
+// 16-column tiles. A 64-byte row of a tile (one input pair of 16 columns) is split into its odd
+// and even halves, each widened exactly, and serves all R rows; the rows come widened (x, T × Kp
+// fp32), so each activation is one broadcast load, no shuffle. Two FMAs per 32 products (the
+// widening's two ops aside), where vdpbf16ps takes one instruction that on Intel's cores issues at
+// half their FMA rate (docs/PERFORMANCE.md, session 44).
 template <int R, int C>
-inline void tileBf16(const uint16_t* xp, int T0, const PackedMatrix& w, int g, float* y) {
+inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, int g, float* y) {
   __m512 acc[R][C];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
   const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
   const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols;
   const __m512i hiMask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const float* x0 = x + T0 * ld;
   for (int p = 0; p < w.Kp / 2; p++) {
     __m512 odd[C], even[C];
     for (int c = 0; c < C; c++) {
@@ -105,8 +111,8 @@ inline void tileBf16(const uint16_t* xp, int T0, const PackedMatrix& w, int g, f
       even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     }
     for (int r = 0; r < R; r++) {
-      const uint16_t* x = xp + static_cast<size_t>(T0 + r) * w.Kp + 2 * p;
-      const __m512 xo = _mm512_set1_ps(bf16ToF32(x[1])), xe = _mm512_set1_ps(bf16ToF32(x[0]));
+      const float* xr = x0 + r * ld + 2 * p;
+      const __m512 xo = _mm512_set1_ps(xr[1]), xe = _mm512_set1_ps(xr[0]);
       for (int c = 0; c < C; c++) {
         acc[r][c] = _mm512_fmadd_ps(xo, odd[c], acc[r][c]);
         acc[r][c] = _mm512_fmadd_ps(xe, even[c], acc[r][c]);
@@ -120,18 +126,47 @@ inline void tileBf16(const uint16_t* xp, int T0, const PackedMatrix& w, int g, f
   }
 }
 
+// Rows [t0, T) in groups of R against tiles [g, g + C): the tiles' weights stay in L1/L2 while
+// every group passes. Each accumulator's chain is the same whatever R and C, so a row's bits do
+// not depend on its group.
+template <int R, int C>
+int rowGroups(const float* x, size_t ld, int t0, int T, const PackedMatrix& w, float* y, int g) {
+  int t = t0;
+  for (; t + R <= T; t += R) tileBf16<R, C>(x, ld, t, w, g, y);
+  return t;
+}
+
+template <int C>
+void columns(const float* x, size_t ld, int T, const PackedMatrix& w, float* y, int g) {
+  int t = rowGroups<8, C>(x, ld, 0, T, w, y, g);
+  if (T - t >= 4) t = rowGroups<4, C>(x, ld, t, t + 4, w, y, g);
+  if (T - t >= 2) t = rowGroups<2, C>(x, ld, t, t + 2, w, y, g);
+  if (T - t >= 1) rowGroups<1, C>(x, ld, t, T, w, y, g);
+}
+
+// Eight rows × two tiles (each widened weight serving eight rows: 4 + 32 FMA-port ops per 512
+// products, 16 accumulators), the tiles outermost within blocks of 64 rows (their activations stay
+// in L2 while the weights stream past). Each block's rows are widened once a call into fp32 first,
+// so each FMA takes its activation as a broadcast load. A step of up to 4 rows takes four tiles at
+// once, so that one row still has four independent chains and its weight stream loads in flight.
 void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   constexpr int kRowBlock = 64;
+  static thread_local std::vector<float> wide;  // each of a call's claims takes every row
+  const size_t ld = static_cast<size_t>(w.Kp) + 16;  // rows 4 KiB apart would share L1 sets
+  if (wide.size() < kRowBlock * ld) wide.resize(kRowBlock * ld);
+  const int C = T <= 4 ? 4 : 2;
   for (int tb = 0; tb < T; tb += kRowBlock) {
-    const int te = tb + kRowBlock < T ? tb + kRowBlock : T;
+    const int rows = std::min(kRowBlock, T - tb);
+    for (int t = 0; t < rows; t++)
+      for (int i = 0; i < w.Kp; i += 16) {
+        const __mmask16 m = w.Kp - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (w.Kp - i)) - 1);
+        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, xp + static_cast<size_t>(tb + t) * w.Kp + i));
+        _mm512_mask_storeu_ps(wide.data() + t * ld + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+      }
+    float* yb = y + static_cast<size_t>(tb) * w.N;
     int g = g0;
-    for (; g + 2 <= g1; g += 2) {
-      int t = tb;
-      for (; t + 4 <= te; t += 4) tileBf16<4, 2>(xp, t, w, g, y);
-      for (; t < te; t++) tileBf16<1, 2>(xp, t, w, g, y);
-    }
-    for (; g < g1; g++)
-      for (int t = tb; t < te; t++) tileBf16<1, 1>(xp, t, w, g, y);
+    for (; g + C <= g1; g += C) C == 4 ? columns<4>(wide.data(), ld, rows, w, yb, g) : columns<2>(wide.data(), ld, rows, w, yb, g);
+    for (; g < g1; g++) columns<1>(wide.data(), ld, rows, w, yb, g);
   }
 }
 
@@ -312,6 +347,7 @@ const Kernels& kernelsAvx512() {
     s.scoresHalf = scoresHalf;
     s.weightedSumHalf = weightedSumHalf;
     s.roundBf16 = roundBf16;
+    s.bf16ByDefault = cpuFeatures().bf16DotHalfRate;
     return s;
   }();
   return k;

@@ -65,7 +65,7 @@ const Kernels& kernelsAvx512Bf16() {
     Kernels s = kernelsAvx512();
     s.name = "avx512bf16";
     s.matmulBf16 = matmulBf16;
-    s.bf16Hardware = true;
+    s.bf16ByDefault = true;
     return s;
   }();
   return k;

@@ -159,6 +159,7 @@ CpuFeatures detect() {
   const bool bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);  // AVX512_BF16
   f.avx512bf16 = f.avx512 && bf16;
   f.amx = f.avx512bf16 && amxBf16 && requestAmx();
+  f.bf16DotHalfRate = f.avx512bf16 && __builtin_cpu_is("intel");
   return f;
 }
 
@@ -166,16 +167,16 @@ const Kernels& select() {
   const CpuFeatures& f = cpuFeatures();
   const char* forced = std::getenv("WEFT_ISA");
   const std::string want = forced ? forced : "";
-  struct Choice { const char* name; bool ok; const Kernels& (*kernels)(); const char* lack; };
+  struct Choice { const char* name; bool ok; const Kernels& (*kernels)(); const char* lack; bool slower = false; };
   const Choice choices[] = {
       {"amx", f.amx, kernelsAmx, "AMX-BF16 (or Linux refused the tile permission)"},
-      {"avx512bf16", f.avx512bf16, kernelsAvx512Bf16, "AVX512_BF16"},
+      {"avx512bf16", f.avx512bf16, kernelsAvx512Bf16, "AVX512_BF16", f.bf16DotHalfRate},
       {"avx512", f.avx512, kernelsAvx512, "AVX-512"},
       {"avx2", f.avx2, kernelsAvx2, "AVX2/FMA/F16C"},
       {"scalar", true, kernelsScalar, ""},
   };
   for (const Choice& c : choices) {
-    if (want.empty() && c.ok) return c.kernels();
+    if (want.empty() && c.ok && !c.slower) return c.kernels();
     if (want == c.name) {
       if (!c.ok) throw std::runtime_error("WEFT_ISA=" + want + " but this CPU lacks " + c.lack);
       return c.kernels();

@@ -127,8 +127,9 @@ export function resolveDevice(device: Device | "auto"): Device {
 let gpusVisible: boolean | undefined;
 
 /**
- * `auto` is bfloat16 on CUDA, and on a CPU whose kernels have bf16 hardware (AMX or
- * AVX512_BF16), else float32: the fast path by default, the exact one on request.
+ * `auto` is bfloat16 on CUDA, and on a CPU with bf16 instructions (AMX or AVX512_BF16) when the
+ * kernel set in use is the one chosen for them, else float32: the fast path by default, the exact
+ * one on request.
  * CUDA computes in bfloat16 only: float32 there throws.
  */
 export function resolveDtype(dtype: ComputeDtype | "auto", device: Device = "cpu"): ComputeDtype {
@@ -137,7 +138,7 @@ export function resolveDtype(dtype: ComputeDtype | "auto", device: Device = "cpu
     return "bfloat16";
   }
   if (dtype !== "auto") return dtype;
-  return loadNative().bf16Hardware() ? "bfloat16" : "float32";
+  return loadNative().bf16ByDefault() ? "bfloat16" : "float32";
 }
 
 /** `auto` follows the compute mode: float32 compute keeps an exact float32 cache, bfloat16 a bfloat16 one. */

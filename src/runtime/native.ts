@@ -198,6 +198,8 @@ export interface NativeCpuFeatures {
   avx512vnni: boolean;
   avx512bf16: boolean;
   amx: boolean;
+  /** vdpbf16ps at half the FMA rate (Intel's cores): without AMX, bfloat16 mode runs on the avx512 set's FMAs. */
+  bf16DotHalfRate: boolean;
 }
 
 /** A GPU the CUDA backend can use. */
@@ -266,8 +268,8 @@ export interface NativeAddon {
   loadModel(spec: NativeModelSpec): Promise<NativeModel>;
   /** The kernel set in use (WEFT_ISA=amx|avx512bf16|avx512|avx2|scalar forces one; throws if this CPU lacks it). */
   isa(): KernelSet;
-  /** Whether the kernel set in use computes bfloat16 on bf16 hardware (AMX or vdpbf16ps) rather than emulating it. */
-  bf16Hardware(): boolean;
+  /** Whether `--dtype auto` means bfloat16 with the kernel set in use: the set chosen for the CPU's bf16 instructions. */
+  bf16ByDefault(): boolean;
   cpuFeatures(): NativeCpuFeatures;
   /** Takes a few seconds, off the event loop. */
   measureRooflines(): Promise<NativeRooflines>;
