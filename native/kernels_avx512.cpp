@@ -95,15 +95,20 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
 // widening's two ops aside), where vdpbf16ps takes one instruction that on Intel's cores issues at
 // half their FMA rate (docs/PERFORMANCE.md, session 44).
 template <int R, int C>
-inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, int g, float* y) {
+inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, int g, float* y, int p0, int p1) {
+  const auto maskOf = [&w, g](int c) -> __mmask16 {
+    const int cols = w.N - (g + c) * kTileCols;
+    return cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  };
+  const auto out = [&](int r, int c) { return y + static_cast<size_t>(T0 + r) * w.N + (g + c) * kTileCols; };
   __m512 acc[R][C];
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; c++) acc[r][c] = p0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(maskOf(c), out(r, c));
   const uint16_t* wg = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
   const size_t tileStride = static_cast<size_t>(w.Kp) * kTileCols;
   const __m512i hiMask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const float* x0 = x + T0 * ld;
-  for (int p = 0; p < w.Kp / 2; p++) {
+  for (int p = p0; p < p1; p++) {
     __m512 odd[C], even[C];
     for (int c = 0; c < C; c++) {
       const __m512i v = _mm512_loadu_si512(wg + c * tileStride + static_cast<size_t>(p) * 2 * kTileCols);
@@ -119,29 +124,30 @@ inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, i
       }
     }
   }
-  for (int c = 0; c < C; c++) {
-    const int cols = w.N - (g + c) * kTileCols;
-    const __mmask16 m = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + static_cast<size_t>(T0 + r) * w.N + (g + c) * kTileCols, m, acc[r][c]);
-  }
+  for (int c = 0; c < C; c++)
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(out(r, c), maskOf(c), acc[r][c]);
 }
 
 // Rows [t0, T) in groups of R against tiles [g, g + C): the tiles' weights stay in L1/L2 while
 // every group passes. Each accumulator's chain is the same whatever R and C, so a row's bits do
 // not depend on its group.
 template <int R, int C>
-int rowGroups(const float* x, size_t ld, int t0, int T, const PackedMatrix& w, float* y, int g) {
+int rowGroups(const float* x, size_t ld, int t0, int T, const PackedMatrix& w, float* y, int g, int p0, int p1) {
   int t = t0;
-  for (; t + R <= T; t += R) tileBf16<R, C>(x, ld, t, w, g, y);
+  for (; t + R <= T; t += R) tileBf16<R, C>(x, ld, t, w, g, y, p0, p1);
   return t;
 }
 
 template <int C>
 void columns(const float* x, size_t ld, int T, const PackedMatrix& w, float* y, int g) {
-  int t = rowGroups<8, C>(x, ld, 0, T, w, y, g);
-  if (T - t >= 4) t = rowGroups<4, C>(x, ld, t, t + 4, w, y, g);
-  if (T - t >= 2) t = rowGroups<2, C>(x, ld, t, t + 2, w, y, g);
-  if (T - t >= 1) rowGroups<1, C>(x, ld, t, T, w, y, g);
+  constexpr int kPairChunk = 128;  // 8 KiB of a tile: the C tiles' chunk stays in L1 while every row group passes
+  for (int p0 = 0; p0 < w.Kp / 2; p0 += kPairChunk) {
+    const int p1 = std::min(w.Kp / 2, p0 + kPairChunk);
+    int t = rowGroups<8, C>(x, ld, 0, T, w, y, g, p0, p1);
+    if (T - t >= 4) t = rowGroups<4, C>(x, ld, t, t + 4, w, y, g, p0, p1);
+    if (T - t >= 2) t = rowGroups<2, C>(x, ld, t, t + 2, w, y, g, p0, p1);
+    if (T - t >= 1) rowGroups<1, C>(x, ld, t, T, w, y, g, p0, p1);
+  }
 }
 
 // Eight rows × two tiles (each widened weight serving eight rows: 4 + 32 FMA-port ops per 512
