@@ -90,8 +90,9 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
 
 // bfloat16 mode, pair order (see MatmulBf16Fn), by fp32 FMAs on widened values: R rows × C
 // 16-column tiles. A 64-byte row of a tile (one input pair of 16 columns) is split into its odd
-// and even halves, each widened exactly, and serves all R rows; the rows come widened (x, T × Kp
-// fp32), so each activation is one broadcast load, no shuffle. Two FMAs per 32 products (the
+// and even halves, each widened exactly, and serves all R rows; the rows come widened (x, fp32 at
+// stride ld), so each activation is one broadcast load, no shuffle. Input pairs [p0, p1) only, the
+// sums of earlier pairs resumed from y (exact in fp32). Two FMAs per 32 products (the
 // widening's two ops aside), where vdpbf16ps takes one instruction that on Intel's cores issues at
 // half their FMA rate (docs/PERFORMANCE.md, session 44).
 template <int R, int C>
@@ -150,6 +151,16 @@ void columns(const float* x, size_t ld, int T, const PackedMatrix& w, float* y, 
   }
 }
 
+// Rows [0, T) of xp (bf16, stride Kp) widened exactly into out (fp32, stride ld).
+void widenRows(const uint16_t* xp, int T, int Kp, float* out, size_t ld) {
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < Kp; i += 16) {
+      const __mmask16 m = Kp - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (Kp - i)) - 1);
+      const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, xp + static_cast<size_t>(t) * Kp + i));
+      _mm512_mask_storeu_ps(out + t * ld + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+    }
+}
+
 // Eight rows × two tiles (each widened weight serving eight rows: 4 + 32 FMA-port ops per 512
 // products, 16 accumulators), the tiles outermost within blocks of 64 rows (their activations stay
 // in L2 while the weights stream past). Each block's rows are widened once a call into fp32 first,
@@ -157,18 +168,13 @@ void columns(const float* x, size_t ld, int T, const PackedMatrix& w, float* y, 
 // once, so that one row still has four independent chains and its weight stream loads in flight.
 void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   constexpr int kRowBlock = 64;
-  static thread_local std::vector<float> wide;  // each of a call's claims takes every row
+  static thread_local std::vector<float> wide;  // each of a call's claims widens every block it passes
   const size_t ld = static_cast<size_t>(w.Kp) + 16;  // rows 4 KiB apart would share L1 sets
   if (wide.size() < kRowBlock * ld) wide.resize(kRowBlock * ld);
   const int C = T <= 4 ? 4 : 2;
   for (int tb = 0; tb < T; tb += kRowBlock) {
     const int rows = std::min(kRowBlock, T - tb);
-    for (int t = 0; t < rows; t++)
-      for (int i = 0; i < w.Kp; i += 16) {
-        const __mmask16 m = w.Kp - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (w.Kp - i)) - 1);
-        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, xp + static_cast<size_t>(tb + t) * w.Kp + i));
-        _mm512_mask_storeu_ps(wide.data() + t * ld + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
-      }
+    widenRows(xp + static_cast<size_t>(tb) * w.Kp, rows, w.Kp, wide.data(), ld);
     float* yb = y + static_cast<size_t>(tb) * w.N;
     int g = g0;
     for (; g + C <= g1; g += C) C == 4 ? columns<4>(wide.data(), ld, rows, w, yb, g) : columns<2>(wide.data(), ld, rows, w, yb, g);
