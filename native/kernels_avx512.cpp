@@ -88,6 +88,18 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
+// Sixteen cached K/V elements or bf16 activations (fewer under the mask), widened exactly to fp32.
+template <DType D>
+inline __m512 loadKv(const KvElem<D>* p, __mmask16 m) {
+  if constexpr (D == DType::F32) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if constexpr (D == DType::F16) return _mm512_cvtph_ps(h);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
 // bfloat16 mode, pair order (see MatmulBf16Fn), by fp32 FMAs on widened values: R rows × C
 // 16-column tiles. A 64-byte row of a tile (one input pair of 16 columns) is split into its odd
 // and even halves, each widened exactly, and serves all R rows; the rows come widened (x, fp32 at
@@ -156,8 +168,7 @@ void widenRows(const uint16_t* xp, int T, int Kp, float* out, size_t ld) {
   for (int t = 0; t < T; t++)
     for (int i = 0; i < Kp; i += 16) {
       const __mmask16 m = Kp - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (Kp - i)) - 1);
-      const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, xp + static_cast<size_t>(t) * Kp + i));
-      _mm512_mask_storeu_ps(out + t * ld + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+      _mm512_mask_storeu_ps(out + t * ld + i, m, loadKv<DType::BF16>(xp + static_cast<size_t>(t) * Kp + i, m));
     }
 }
 
@@ -226,18 +237,6 @@ float expSum(float* s, int n, float max) {
     acc = _mm512_add_ps(acc, e);
   }
   return _mm512_reduce_add_ps(acc);
-}
-
-// Sixteen cached K/V elements (fewer under the mask), widened exactly to fp32.
-template <DType D>
-inline __m512 loadKv(const KvElem<D>* p, __mmask16 m) {
-  if constexpr (D == DType::F32) {
-    return _mm512_maskz_loadu_ps(m, p);
-  } else {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    if constexpr (D == DType::F16) return _mm512_cvtph_ps(h);
-    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
 }
 
 // NQ queries' outputs over keys [j0, j1) for NV 16-float vectors of dimensions from d0, the
