@@ -108,7 +108,7 @@ inline __m512 loadKv(const KvElem<D>* p, __mmask16 m) {
 // widening's two ops aside), where vdpbf16ps takes one instruction that on Intel's cores issues at
 // half their FMA rate (docs/PERFORMANCE.md, session 44).
 template <int R, int C>
-inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, int g, float* y, int p0, int p1) {
+inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, int g, float* y, int p0, int p1, const uint16_t* next) {
   const auto maskOf = [&w, g](int c) -> __mmask16 {
     const int cols = w.N - (g + c) * kTileCols;
     return cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
@@ -122,6 +122,8 @@ inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, i
   const __m512i hiMask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const float* x0 = x + T0 * ld;
   for (int p = p0; p < p1; p++) {
+    if (next)
+      for (int c = 0; c < C; c++) _mm_prefetch(reinterpret_cast<const char*>(next + c * tileStride + static_cast<size_t>(p - p0) * 2 * kTileCols), _MM_HINT_T1);
     __m512 odd[C], even[C];
     for (int c = 0; c < C; c++) {
       const __m512i v = _mm512_loadu_si512(wg + c * tileStride + static_cast<size_t>(p) * 2 * kTileCols);
@@ -145,21 +147,29 @@ inline void tileBf16(const float* x, size_t ld, int T0, const PackedMatrix& w, i
 // every group passes. Each accumulator's chain is the same whatever R and C, so a row's bits do
 // not depend on its group.
 template <int R, int C>
-int rowGroups(const float* x, size_t ld, int t0, int T, const PackedMatrix& w, float* y, int g, int p0, int p1) {
+int rowGroups(const float* x, size_t ld, int t0, int T, const PackedMatrix& w, float* y, int g, int p0, int p1, const uint16_t* next) {
   int t = t0;
-  for (; t + R <= T; t += R) tileBf16<R, C>(x, ld, t, w, g, y, p0, p1);
+  for (; t + R <= T; t += R, next = nullptr) tileBf16<R, C>(x, ld, t, w, g, y, p0, p1, next);
   return t;
 }
 
 template <int C>
 void columns(const float* x, size_t ld, int T, const PackedMatrix& w, float* y, int g) {
   constexpr int kPairChunk = 128;  // 8 KiB of a tile: the C tiles' chunk stays in L1 while every row group passes
+  const uint16_t* tiles = static_cast<const uint16_t*>(w.data) + static_cast<size_t>(g) * w.Kp * kTileCols;
+  const bool lastGroup = g + 2 * C > w.Np / kTileCols;
   for (int p0 = 0; p0 < w.Kp / 2; p0 += kPairChunk) {
     const int p1 = std::min(w.Kp / 2, p0 + kPairChunk);
-    int t = rowGroups<8, C>(x, ld, 0, T, w, y, g, p0, p1);
-    if (T - t >= 4) t = rowGroups<4, C>(x, ld, t, t + 4, w, y, g, p0, p1);
-    if (T - t >= 2) t = rowGroups<2, C>(x, ld, t, t + 2, w, y, g, p0, p1);
-    if (T - t >= 1) rowGroups<1, C>(x, ld, t, T, w, y, g, p0, p1);
+    // The first row group asks L2 for the chunk after this one (the next tiles' first chunk after
+    // the last), so the weights the next pass reads are not demand misses.
+    const uint16_t* next = p1 < w.Kp / 2 ? tiles + static_cast<size_t>(p1) * 2 * kTileCols
+                           : lastGroup   ? nullptr
+                                         : tiles + static_cast<size_t>(C) * w.Kp * kTileCols;
+    int t = rowGroups<8, C>(x, ld, 0, T, w, y, g, p0, p1, next);
+    if (t > 0) next = nullptr;
+    if (T - t >= 4) t = rowGroups<4, C>(x, ld, t, t + 4, w, y, g, p0, p1, next), next = nullptr;
+    if (T - t >= 2) t = rowGroups<2, C>(x, ld, t, t + 2, w, y, g, p0, p1, next), next = nullptr;
+    if (T - t >= 1) rowGroups<1, C>(x, ld, t, T, w, y, g, p0, p1, next);
   }
 }
 
