@@ -76,16 +76,29 @@ constexpr int kTileK = 32;
 // is reduced in the same order whatever T is: a sequence's results do not
 // depend on its batch.
 using MatmulFn = void (*)(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
+// A bfloat16-mode matmul's input rows: rounded to bf16 (T × Kp, natural order), and, for a
+// set whose kernel reads them so (Kernels::widensBf16Rows), the same values widened exactly to
+// fp32 at stride ld (widenedRowStride), once a matmul in its row pass.
+struct Bf16Rows {
+  const uint16_t* rounded;
+  const float* widened;
+  size_t ld;
+};
 // bfloat16 mode: y[t, n] = sum_k x[t, k] * w[n, k] for the column tiles [g0, g1)
-// (16 columns each), all rows t < T; `xp` holds the rows rounded to bf16 (T × Kp,
-// natural order). Every kernel set but AMX reduces each output in pair order:
+// (16 columns each), all rows t < T of x (see Bf16Rows). Every kernel set but AMX reduces each output in pair order:
 // for each pair p in turn, acc += x[2p+1]·w[2p+1], then acc += x[2p]·w[2p], each an
 // fp32 FMA (a bf16 product is exact in fp32) — what one vdpbf16ps lane does, so
 // these sets agree bit for bit (denormals aside: vdpbf16ps flushes them). AMX
 // reduces in tile order: per 32-input tile, even and odd inputs each chained
 // by FMAs, then acc += (even + odd) — what TDPBF16PS does on the CPUs we have
 // measured. Either way the order is fixed per output: batch-invariant.
-using MatmulBf16Fn = void (*)(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1);
+using MatmulBf16Fn = void (*)(const Bf16Rows& x, int T, const PackedMatrix& w, float* y, int g0, int g1);
+// Whether a bfloat16 matmul reads its rows widened (the avx512 set's: one broadcast load an FMA).
+bool readsWidenedBf16Rows(MatmulBf16Fn f);
+// n bf16 values widened exactly to fp32 (an AVX-512 loop: only for a set that reads them so).
+void widenBf16Row(const uint16_t* x, int n, float* out);
+// The stride of widened rows: 16 floats past Kp, as rows 4 KiB apart would share L1 sets.
+inline size_t widenedRowStride(int Kp) { return static_cast<size_t>(Kp) + 16; }
 // float32 mode on bf16 pair tiles: y[t, n] = Σ_k x[t, k] · w[n, k] for the column tiles
 // [g0, g1), all rows t < T, with x the fp32 rows as they are (T × Kp, zero padded) and the
 // bf16 weights widened exactly; each output reduced in pair order, as MatmulBf16Fn. A set
@@ -231,6 +244,7 @@ struct Kernels {
   bool quantPanels() const { return readsQuantPanels(matmulQuant); }
   bool wideQ6Panels() const { return widensQ6Panels(matmulQuant); }
   bool decodedKRows() const { return decodesKScales(matmulQuant); }
+  bool widensBf16Rows() const { return readsWidenedBf16Rows(matmulBf16); }
   // float32 mode on bf16 pair tiles, where the set reads bf16 weights so (nullptr: groups).
   MatmulPairsF32Fn matmulPairsF32 = nullptr;
   // MLX affine weights, chosen from the set's name in the same way.

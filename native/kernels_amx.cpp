@@ -135,7 +135,8 @@ inline void block4(const uint16_t* xp, int m, const PackedMatrix& w, int g, floa
 }
 
 // Column tiles in fours (up to 16 rows) or pairs, outermost: their weights stay in L2 while every row passes.
-void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+void matmulBf16(const Bf16Rows& rows, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  const uint16_t* xp = rows.rounded;
   TileScope tiles;
   int c0 = -1, c1 = -1;
   if (T <= 16) {  // (more rows: two row tiles × two columns; 16-row passes over four columns measured no faster)

@@ -186,7 +186,7 @@ void matmulPairs(const X* x, int T, const PackedMatrix& w, float* y, int g0, int
   }
 }
 
-void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) { matmulPairs(xp, T, w, y, g0, g1); }
+void matmulBf16(const Bf16Rows& x, int T, const PackedMatrix& w, float* y, int g0, int g1) { matmulPairs(x.rounded, T, w, y, g0, g1); }
 void matmulPairsF32(const float* x, int T, const PackedMatrix& w, float* y, int g0, int g1) { matmulPairs(x, T, w, y, g0, g1); }
 
 void axpy(float alpha, const float* x, float* y, int n) {

@@ -173,33 +173,32 @@ void columns(const float* x, size_t ld, int T, const PackedMatrix& w, float* y, 
   }
 }
 
-// Rows [0, T) of xp (bf16, stride Kp) widened exactly into out (fp32, stride ld).
-void widenRows(const uint16_t* xp, int T, int Kp, float* out, size_t ld) {
-  for (int t = 0; t < T; t++)
-    for (int i = 0; i < Kp; i += 16) {
-      const __mmask16 m = Kp - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (Kp - i)) - 1);
-      _mm512_mask_storeu_ps(out + t * ld + i, m, loadKv<DType::BF16>(xp + static_cast<size_t>(t) * Kp + i, m));
-    }
+}  // namespace
+
+void widenBf16Row(const uint16_t* x, int n, float* out) {
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(out + i, m, loadKv<DType::BF16>(x + i, m));
+  }
 }
+
+namespace {
 
 // Eight rows × two tiles (each widened weight serving eight rows: 4 + 32 FMA-port ops per 512
 // products, 16 accumulators), the tiles outermost within blocks of 64 rows (their activations stay
-// in L2 while the weights stream past). Each block's rows are widened once a call into fp32 first,
-// so each FMA takes its activation as a broadcast load. A step of up to 4 rows takes four tiles at
-// once, so that one row still has four independent chains and its weight stream loads in flight.
-void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+// in L2 while the weights stream past). The rows come widened to fp32 (Bf16Rows::widened, once a
+// matmul), so each FMA takes its activation as a broadcast load. A step of up to 4 rows takes four
+// tiles at once, so that one row still has four independent chains and its weight stream loads in flight.
+void matmulBf16(const Bf16Rows& x, int T, const PackedMatrix& w, float* y, int g0, int g1) {
   constexpr int kRowBlock = 64;
-  static thread_local std::vector<float> wide;  // each of a call's claims widens every block it passes
-  const size_t ld = static_cast<size_t>(w.Kp) + 16;  // rows 4 KiB apart would share L1 sets
-  if (wide.size() < kRowBlock * ld) wide.resize(kRowBlock * ld);
   const int C = T <= 4 ? 4 : 2;
   for (int tb = 0; tb < T; tb += kRowBlock) {
     const int rows = std::min(kRowBlock, T - tb);
-    widenRows(xp + static_cast<size_t>(tb) * w.Kp, rows, w.Kp, wide.data(), ld);
+    const float* xb = x.widened + tb * x.ld;
     float* yb = y + static_cast<size_t>(tb) * w.N;
     int g = g0;
-    for (; g + C <= g1; g += C) C == 4 ? columns<4>(wide.data(), ld, rows, w, yb, g) : columns<2>(wide.data(), ld, rows, w, yb, g);
-    for (; g < g1; g++) columns<1>(wide.data(), ld, rows, w, yb, g);
+    for (; g + C <= g1; g += C) C == 4 ? columns<4>(xb, x.ld, rows, w, yb, g) : columns<2>(xb, x.ld, rows, w, yb, g);
+    for (; g < g1; g++) columns<1>(xb, x.ld, rows, w, yb, g);
   }
 }
 
@@ -373,6 +372,8 @@ const Kernels& kernelsAvx512() {
   }();
   return k;
 }
+
+bool readsWidenedBf16Rows(MatmulBf16Fn f) { return f == matmulBf16; }
 
 }  // namespace weft
 

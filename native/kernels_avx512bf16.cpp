@@ -40,7 +40,8 @@ inline void tile(const uint16_t* xp, int T0, const PackedMatrix& w, int g, float
 
 // Rows in blocks of 64 (their activations stay in L2) against runs of four
 // tiles (their weights stay in L2 while the block's rows stream past them).
-void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+void matmulBf16(const Bf16Rows& rows, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  const uint16_t* xp = rows.rounded;
   constexpr int kRowBlock = 64;
   for (int tb = 0; tb < T; tb += kRowBlock) {
     const int te = tb + kRowBlock < T ? tb + kRowBlock : T;

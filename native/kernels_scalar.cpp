@@ -67,7 +67,8 @@ void matmul(const float* xp, int T, const PackedMatrix& w, float* y, int g0, int
 }
 
 // Pair order (see MatmulBf16Fn), one output at a time.
-void matmulBf16(const uint16_t* xp, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+void matmulBf16(const Bf16Rows& rows, int T, const PackedMatrix& w, float* y, int g0, int g1) {
+  const uint16_t* xp = rows.rounded;
   const auto* wd = static_cast<const uint16_t*>(w.data);
   const int tiles = w.Kp / kTileK;
   for (int t = 0; t < T; t++)
